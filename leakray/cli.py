@@ -1,0 +1,39 @@
+"""`leakray` command line. Each stage owns its subcommands in a `cli` module with
+`register(subparsers)`; modules listed here must stay light to import (heavy
+imports go inside the command functions)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMAND_MODULES = (
+    "leakray.pipelines.cli",  # demo, simulate
+    "leakray.sandbox.cli",  # execute
+    "leakray.data.cli",  # benchmarks validate
+    "leakray.screen.cli",  # screen
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="leakray", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # stage not built in this checkout
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""The task record every reader produces, and its table form."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+import pyarrow as pa
+
+from leakray.errors import BadInput
+from leakray.schema import LANGUAGES, TASK_SCHEMA, T, X
+
+
+def make_task(*, benchmark: str, task_id: str, language: str, prompt: str, reference: str,
+              tests: str, runner: str | None = None, entry_point: str = "", meta: dict | None = None,
+              path=None, row=None) -> dict:
+    """Build one task row, refusing it (with file/row/field) if it breaks the schema."""
+    runner = runner or X.DEFAULT_RUNNER.get(language, "")
+    task = {
+        T.BENCHMARK: benchmark,
+        T.TASK_ID: str(task_id),
+        T.LANGUAGE: language,
+        T.PROMPT: prompt,
+        T.REFERENCE: reference,
+        T.TESTS: tests or "",
+        T.RUNNER: runner,
+        T.ENTRY_POINT: entry_point or "",
+        T.META: json.dumps(meta or {}, sort_keys=True, default=str),
+    }
+    for field in T.REQUIRED_NONEMPTY:
+        if not isinstance(task[field], str) or not task[field].strip():
+            raise BadInput("empty or not a string", path=path, row=row, field=field)
+    if language not in LANGUAGES:
+        raise BadInput(f"unknown language {language!r} (expected one of {LANGUAGES})", path=path, row=row,
+                       field=T.LANGUAGE)
+    if runner not in X.RUNNERS:
+        raise BadInput(f"unknown runner {runner!r} (expected one of {X.RUNNERS})", path=path, row=row,
+                       field=T.RUNNER)
+    return task
+
+
+def tasks_to_table(tasks: Iterable[dict]) -> pa.Table:
+    tasks = list(tasks)
+    seen: set[str] = set()
+    for i, task in enumerate(tasks):
+        if task[T.TASK_ID] in seen:
+            raise BadInput(f"duplicate task_id {task[T.TASK_ID]!r}", row=i, field=T.TASK_ID)
+        seen.add(task[T.TASK_ID])
+    return pa.Table.from_pylist(tasks, schema=TASK_SCHEMA)
+
+
+def program_of(task: dict, completion: str) -> str:
+    """The program a completion stands for: completions continue the prompt."""
+    return task[T.PROMPT] + completion

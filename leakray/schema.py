@@ -1,0 +1,138 @@
+"""Every column name and type leakray writes or reads, in one place.
+
+Stages refer to ``T.PROMPT`` / ``C.PASSED`` rather than string literals, so a
+rename is one edit here and a typo is an AttributeError, not a silent new column.
+
+Four tables:
+- ``T``  the task table: one row per benchmark sample, filled by every reader.
+- ``C``  the collection: one row per task per (model, adapter), written once by
+         the sample/execute/score/embed stages and read by every detector.
+- ``X``  one sandbox execution (request and result), as `leakray execute` speaks it.
+- ``P``  one screening pair (benchmark sample x corpus file).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+
+class T:
+    """Task table columns (the one task schema every reader fills)."""
+
+    BENCHMARK = "benchmark"  # e.g. "humaneval", "mbpp", "humaneval-x-java"
+    TASK_ID = "task_id"  # as the benchmark spells it: "HumanEval/0", "MBPP/1"
+    LANGUAGE = "language"  # "python" | "java"
+    PROMPT = "prompt"  # what the model is given; a program is prompt + completion
+    REFERENCE = "reference"  # always the complete runnable solution
+    TESTS = "tests"  # harness-ready test text for `runner` ("" when the benchmark has none)
+    RUNNER = "runner"  # sandbox runner name, see X.RUNNERS
+    ENTRY_POINT = "entry_point"  # function/class under test ("" when not applicable)
+    META = "meta"  # JSON object as a string: anything benchmark-specific
+
+    ALL = (BENCHMARK, TASK_ID, LANGUAGE, PROMPT, REFERENCE, TESTS, RUNNER, ENTRY_POINT, META)
+    REQUIRED_NONEMPTY = (BENCHMARK, TASK_ID, LANGUAGE, PROMPT, REFERENCE, RUNNER)
+
+
+TASK_SCHEMA = pa.schema([(name, pa.string()) for name in T.ALL])
+
+LANGUAGES = ("python", "java")
+
+
+class C:
+    """Collection columns: the contract between the expensive and the cheap part."""
+
+    TASK_ID = T.TASK_ID
+    BENCHMARK = T.BENCHMARK
+    LANGUAGE = T.LANGUAGE
+    FOLD = "fold"  # 0..3 for D1..D4 in the simulated-leakage protocol, -1 otherwise
+    MEMBER = "member"  # 1 = in the model's fine-tuning data, 0 = not, -1 = unknown
+    PROMPT = T.PROMPT
+    REFERENCE = T.REFERENCE
+    COMPLETIONS = "completions"  # list<string>[k]
+    PERPLEXITY = "perplexity"  # list<float>[k], of each completion under the unwarped model
+    N_TOKENS = "n_tokens"  # list<int>[k], generated tokens per completion
+    EXEC_STATUS = "exec_status"  # list<string>[k], see X.STATUSES
+    PASSED = "passed"  # list<bool>[k]; proven by the harness
+    HAS_TESTS = "has_tests"  # bool: False for benchmarks without tests (pass feature absent)
+    CODEBLEU = "codebleu"  # list<float>[k], completion program vs reference
+    EDIT_DISTANCE = "edit_distance"  # list<float>[k], normalised token edit distance in [0, 1]
+    EXPERT = "expert"  # list<float>[4k]: [ppl*k, codebleu*k, edit*k, pass*k]
+    GEN_EMBEDDING = "gen_embedding"  # list<float>[k*d], row-major k x d
+    REF_EMBEDDING = "ref_embedding"  # list<float>[d]
+    REF_LOSS = "ref_loss"  # mean token NLL of the reference under the model
+
+    # The expert vector's blocks, in order; each block has k entries.
+    EXPERT_BLOCKS = (PERPLEXITY, CODEBLEU, EDIT_DISTANCE, PASSED)
+
+
+def collection_schema() -> pa.Schema:
+    f32 = pa.float32()
+    return pa.schema(
+        [
+            (C.TASK_ID, pa.string()),
+            (C.BENCHMARK, pa.string()),
+            (C.LANGUAGE, pa.string()),
+            (C.FOLD, pa.int8()),
+            (C.MEMBER, pa.int8()),
+            (C.PROMPT, pa.string()),
+            (C.REFERENCE, pa.string()),
+            (C.COMPLETIONS, pa.list_(pa.string())),
+            (C.PERPLEXITY, pa.list_(f32)),
+            (C.N_TOKENS, pa.list_(pa.int32())),
+            (C.EXEC_STATUS, pa.list_(pa.string())),
+            (C.PASSED, pa.list_(pa.bool_())),
+            (C.HAS_TESTS, pa.bool_()),
+            (C.CODEBLEU, pa.list_(f32)),
+            (C.EDIT_DISTANCE, pa.list_(f32)),
+            (C.EXPERT, pa.list_(f32)),
+            (C.GEN_EMBEDDING, pa.list_(f32)),
+            (C.REF_EMBEDDING, pa.list_(f32)),
+            (C.REF_LOSS, pa.float32()),
+        ]
+    )
+
+
+class X:
+    """One sandbox execution: the `leakray execute` JSONL contract."""
+
+    ID = "id"
+    LANGUAGE = "language"
+    RUNNER = "runner"
+    PROGRAM = "program"
+    TESTS = "tests"
+    TIMEOUT_S = "timeout_s"
+    # result
+    STATUS = "status"
+    PASSED = "passed"
+    DURATION_S = "duration_s"
+    STDOUT_TAIL = "stdout_tail"
+    STDERR_TAIL = "stderr_tail"
+
+    STATUSES = ("passed", "failed", "timeout", "memory", "error")
+    RUNNERS = ("python", "unittest", "pytest", "java-main", "junit5", "stdio")
+    DEFAULT_RUNNER = {"python": "python", "java": "java-main"}
+
+
+class P:
+    """One screening pair: a benchmark sample and a corpus file."""
+
+    BENCHMARK = T.BENCHMARK
+    TASK_ID = T.TASK_ID
+    CORPUS_ID = "corpus_id"  # the corpus row's id or path
+    EST_JACCARD = "est_jaccard"  # MinHash estimate
+    JACCARD = "jaccard"  # exact, on the same shingles that were hashed
+    CONTAINMENT = "containment"  # |sample ∩ file| / |sample|, exact
+    SAMPLE_TEXT = "sample_text"
+    CORPUS_TEXT = "corpus_text"
+    LABEL = "label"  # empty in the labelling sheet; LessLeak's four classes
+
+
+class S:
+    """Scores a detector writes: one row per task."""
+
+    TASK_ID = T.TASK_ID
+    DETECTOR = "detector"
+    SCORE = "score"  # higher = more likely a member
+    PREDICTION = "prediction"  # 0/1
+    MEMBER = C.MEMBER
+    SEED = "seed"
