@@ -11,19 +11,25 @@ from leakray.errors import BadInput
 READERS: dict[str, Callable[..., list[dict]]] = {}
 # name -> default path (None: the reader knows where its data ships)
 DEFAULT_PATHS: dict[str, str | None] = {}
+# reader name -> fields whose presence in a record identifies the format (first match wins)
+SIGNATURES: list[tuple[str, frozenset[str]]] = []
 
 
-def register(name: str, reader: Callable[..., list[dict]], default_path: str | None = None) -> None:
+def register(name: str, reader: Callable[..., list[dict]], default_path: str | None = None,
+             signature: tuple[str, ...] = ()) -> None:
     READERS[name] = reader
     DEFAULT_PATHS[name] = default_path
+    if signature:
+        SIGNATURES.append((name, frozenset(signature)))
 
 
 def _builtin() -> None:
     from leakray.data.humaneval import read_humaneval
     from leakray.data.mbpp import read_mbpp
 
-    register("humaneval", read_humaneval)
-    register("mbpp", read_mbpp)
+    register("humaneval", read_humaneval,
+             signature=("task_id", "prompt", "canonical_solution", "test", "entry_point"))
+    register("mbpp", read_mbpp, signature=("task_id", "text", "code", "test_list"))
 
 
 _builtin()
@@ -35,3 +41,28 @@ def load_benchmark(spec: str, path: str | Path | None = None) -> list[dict]:
         raise BadInput(f"unknown benchmark {spec!r}; known: {sorted(READERS)}")
     path = path or DEFAULT_PATHS.get(spec)
     return READERS[spec](path) if path else READERS[spec]()
+
+
+def sniff_reader(path: str | Path) -> str:
+    """The registered reader whose signature fields the file's first record has."""
+    from leakray.data.io import iter_records
+
+    for _, rec in iter_records(path):
+        keys = set(rec)
+        for name, fields in sorted(SIGNATURES, key=lambda s: -len(s[1])):  # most specific first
+            if fields <= keys:
+                return name
+        raise BadInput(f"no reader recognises fields {sorted(keys)}", path=str(path), row=1)
+    raise BadInput("file has no records", path=str(path))
+
+
+def load_benchmark_file(name: str, path: str | Path) -> list[dict]:
+    """`NAME=PATH` on command lines: NAME is a reader if registered, else a label and the format is sniffed."""
+    reader = name if name in READERS else sniff_reader(path)
+    tasks = READERS[reader](path)
+    if name not in READERS:
+        from leakray.schema import T
+
+        for task in tasks:
+            task[T.BENCHMARK] = name
+    return tasks

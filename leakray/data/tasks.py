@@ -16,6 +16,9 @@ def make_task(*, benchmark: str, task_id: str, language: str, prompt: str, refer
               path=None, row=None) -> dict:
     """Build one task row, refusing it (with file/row/field) if it breaks the schema."""
     runner = runner or X.DEFAULT_RUNNER.get(language, "")
+    meta = dict(meta or {})
+    if row is not None:  # lets exports write back the very rows that were read
+        meta.setdefault("source_row", row)
     task = {
         T.BENCHMARK: benchmark,
         T.TASK_ID: str(task_id),
@@ -25,7 +28,7 @@ def make_task(*, benchmark: str, task_id: str, language: str, prompt: str, refer
         T.TESTS: tests or "",
         T.RUNNER: runner,
         T.ENTRY_POINT: entry_point or "",
-        T.META: json.dumps(meta or {}, sort_keys=True, default=str),
+        T.META: json.dumps(meta, sort_keys=True, default=str),
     }
     for field in T.REQUIRED_NONEMPTY:
         if not isinstance(task[field], str) or not task[field].strip():
