@@ -1,0 +1,113 @@
+import os
+from collections import Counter
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from leakray.errors import BadInput
+from leakray.features import expert
+from leakray.schema import C, collection_schema
+
+REF = """def add(a, b):
+    total = a + b
+    return total
+"""
+JREF = "public class A { public static int f(int x) { int y = x + 1; return y; } }"
+
+
+def test_codebleu_identical_high_and_matches_package():
+    from codebleu import calc_codebleu
+
+    pred = REF.replace("total", "s")
+    got = expert.codebleu(REF, pred, "python")
+    assert got == pytest.approx(calc_codebleu([REF], [pred], lang="python")["codebleu"])
+    assert expert.codebleu(REF, REF, "python") == pytest.approx(1.0)
+    assert 0.0 < got < 1.0
+    assert expert.codebleu(JREF, JREF, "java") == pytest.approx(1.0)
+
+
+def test_codebleu_failure_modes_counted_not_raised(monkeypatch):
+    reasons = Counter()
+    # the package alone would give 0.25 here
+    assert expert.codebleu(REF, "", "python", reasons=reasons) == 0.0
+    assert expert.codebleu(REF, "  \n", "python", reasons=reasons) == 0.0
+    assert reasons[expert.CB_EMPTY] == 2
+    broken = "def add(a, b):\n    total = a +"
+    assert expert.codebleu(REF, broken, "python", reasons=reasons) > 0.0
+    assert reasons[expert.CB_SYNTAX] == 1
+    assert expert.codebleu(REF, broken, "python", reasons=reasons, zero_on_syntax_error=True) == 0.0
+
+    import codebleu
+
+    def boom(*a, **k):
+        raise RecursionError("deep tree")
+
+    monkeypatch.setattr(codebleu, "calc_codebleu", boom)
+    assert expert.codebleu(REF, REF, "python", reasons=reasons) == 0.0
+    assert reasons[expert.CB_ERROR] == 1
+    with pytest.raises(BadInput):
+        expert.codebleu(REF, REF, "cobol")
+
+
+def test_edit_distance():
+    assert expert.edit_distance(REF, REF) == 0.0
+    assert expert.edit_distance(REF, "") == 1.0
+    assert expert.edit_distance("", "") == 0.0
+    # whitespace-insensitive, token-level: one renamed identifier of 3 occurrences
+    a = "x = a + b"  # tokens: x = a + b
+    assert expert.edit_distance(a, "x   =  a+b") == 0.0
+    assert expert.edit_distance(a, "y = a + b") == pytest.approx(1 / 5)
+    assert expert.code_tokens("foo(bar, 12)") == ["foo", "(", "bar", ",", "12", ")"]
+
+
+def _batch():
+    return {
+        C.TASK_ID: ["t0", "t1"],
+        C.REFERENCE: [REF, JREF],
+        C.LANGUAGE: ["python", "java"],
+        C.COMPLETIONS: [[REF, "", REF.replace("total", "t")], [JREF, JREF, "class"]],
+        C.PERPLEXITY: [[1.5, 2.0, 3.0], [1.1, 1.2, 9.0]],
+        C.PASSED: [[True, False, True], [False, False, False]],
+        C.HAS_TESTS: [True, False],
+    }
+
+
+def test_score_batch_layout_and_arrow_roundtrip():
+    stats = Counter()
+    out = expert.score_batch(_batch(), stats=stats)
+    k = 3
+    ex = np.stack(out[C.EXPERT])
+    assert ex.shape == (2, 4 * k)
+    np.testing.assert_allclose(ex[0, :k], [1.5, 2.0, 3.0])  # perplexity block
+    np.testing.assert_allclose(ex[0, k:2 * k], out[C.CODEBLEU][0])
+    np.testing.assert_allclose(ex[0, 2 * k:3 * k], out[C.EDIT_DISTANCE][0])
+    np.testing.assert_array_equal(ex[0, 3 * k:], [1, 0, 1])
+    np.testing.assert_array_equal(ex[1, 3 * k:], [expert.NO_TESTS_PASS_VALUE] * k)  # no tests
+    assert out[C.CODEBLEU][0][0] == pytest.approx(1.0) and out[C.CODEBLEU][0][1] == 0.0
+    assert out[C.EDIT_DISTANCE][0][0] == 0.0 and out[C.EDIT_DISTANCE][0][1] == 1.0
+    assert stats["rows"] == 2 and stats[expert.CB_EMPTY] == 1
+    sch = collection_schema()
+    cols = (C.CODEBLEU, C.EDIT_DISTANCE, C.EXPERT)
+    t = pa.table({c: pa.array(out[c], sch.field(c).type) for c in cols})
+    assert t.column(C.EXPERT).to_pylist()[1][:3] == pytest.approx([1.1, 1.2, 9.0])
+    # the same batch as an Arrow table works too
+    t_in = pa.table(_batch())
+    out2 = expert.score_batch(t_in)
+    np.testing.assert_allclose(np.stack(out2[C.EXPERT]), ex)
+
+
+@pytest.mark.parametrize("field,value", [
+    (C.PERPLEXITY, [[1.0, float("nan"), 2.0], [1.0, 1.0, 1.0]]),
+    (C.PASSED, [[True, True], [True, True, True]]),
+    (C.LANGUAGE, ["python", "rust"]),
+    (C.REFERENCE, ["", JREF]),
+])
+def test_score_batch_refuses_bad_rows(field, value):
+    b = _batch()
+    b[field] = value
+    with pytest.raises(BadInput) as e:
+        expert.score_batch(b)
+    assert field in str(e.value)
