@@ -1,0 +1,47 @@
+"""Collection columns as numpy arrays, with the row and field named when they are bad."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from leakray.errors import BadInput
+
+
+def _column(table: pa.Table, name: str) -> pa.ChunkedArray:
+    if name not in table.column_names:
+        raise BadInput(f"collection lacks column {name!r}", field=name)
+    col = table.column(name)
+    if col.null_count:
+        row = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+        raise BadInput("null value", row=row, field=name)
+    return col
+
+
+def scalar_column(table: pa.Table, name: str, dtype=np.float64) -> np.ndarray:
+    """A scalar column as a 1-D array; refuses nulls and (for floats) non-finite values."""
+    arr = _column(table, name).to_numpy().astype(dtype)
+    if np.issubdtype(arr.dtype, np.floating) and not np.all(np.isfinite(arr)):
+        raise BadInput("non-finite value", row=int(np.flatnonzero(~np.isfinite(arr))[0]), field=name)
+    return arr
+
+
+def list_column(table: pa.Table, name: str, width: int | None = None, dtype=np.float32) -> np.ndarray:
+    """A fixed-length list column as a 2-D array [n, width]; refuses ragged rows, nulls, NaN/inf."""
+    col = _column(table, name).combine_chunks()
+    if isinstance(col, pa.ChunkedArray):  # empty table
+        col = pa.concat_arrays(col.chunks) if col.num_chunks else pa.array([], col.type)
+    n = len(col)
+    lengths = col.value_lengths().to_numpy(zero_copy_only=False) if n else np.zeros(0, int)
+    want = width if width is not None else (int(lengths[0]) if n else 0)
+    bad = np.flatnonzero(lengths != want)
+    if len(bad):
+        raise BadInput(f"list has {lengths[bad[0]]} entries, expected {want}", row=int(bad[0]), field=name)
+    values = col.flatten()
+    if values.null_count:
+        pos = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
+        raise BadInput("null list entry", row=pos // max(want, 1), field=name)
+    out = values.to_numpy(zero_copy_only=False).astype(dtype).reshape(n, want)
+    if np.issubdtype(out.dtype, np.floating) and not np.all(np.isfinite(out)):
+        raise BadInput("non-finite list entry", row=int(np.flatnonzero(~np.isfinite(out).all(1))[0]), field=name)
+    return out
