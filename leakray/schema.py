@@ -125,6 +125,10 @@ class P:
     SAMPLE_TEXT = "sample_text"
     CORPUS_TEXT = "corpus_text"
     LABEL = "label"  # empty in the labelling sheet; LessLeak's four classes
+    FIELD = "field"  # which text of the sample was screened: "reference" | "prompt"
+    SAMPLE_SHINGLES = "sample_shingles"  # distinct shingles of the sample text
+    CORPUS_SHINGLES = "corpus_shingles"  # distinct shingles of the corpus file
+    SHARED_SHINGLES = "shared_shingles"  # |sample ∩ file|
 
 
 class S:
