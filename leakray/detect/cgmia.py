@@ -1,0 +1,311 @@
+"""CGMIA: the shadow-model membership classifier (paper Table 1), done reproducibly.
+
+Architecture
+- completions: gen [n, k, d] -> channels d, sequence k -> frozen Conv1d(d, d, 3, pad 1)
+  -> ReLU -> frozen Conv1d(d, d, 3, pad 1) -> AdaptiveAvgPool1d(1) -> [n, d]
+- expert [n, 4k] -> drop train-constant columns -> StandardScaler (fit on training
+  rows only) -> frozen Linear(4k', 2048)
+- [ref d; gen d; expert 2048] -> Linear 1024 -> ReLU -> Linear 512 -> ReLU -> Linear 2,
+  cross-entropy, Adam.
+
+What differs from the published code (on purpose): frozen parts are drawn from a
+recorded seed and saved with the detector (never re-drawn at load), the scaler sees
+training rows only, and the caller splits by task. Because the frozen parts are fixed,
+their outputs are computed once per fit and only the FFN runs per epoch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import pyarrow as pa
+import torch
+from torch import nn
+
+from leakray.detect.arrays import list_column, scalar_column
+from leakray.errors import BadInput
+from leakray.schema import C
+
+FORMAT_VERSION = 1
+_CONFIG_FILE, _WEIGHTS_FILE, _SCALER_FILE = "cgmia.json", "weights.pt", "scaler.npz"
+
+
+@dataclass
+class CGMIAConfig:
+    expert_proj_dim: int = 2048
+    hidden: tuple[int, ...] = (1024, 512)
+    conv_kernel: int = 3
+    lr: float = 1e-4
+    batch_size: int = 100
+    epochs: int = 50
+    use_ref: bool = True
+    use_gen: bool = True
+    use_expert: bool = True
+    # Train-constant expert columns (e.g. the pass block of a benchmark without tests)
+    # carry nothing and would reach the model unscaled on a target where they vary.
+    drop_constant_expert: bool = True
+    device: str = "cpu"
+
+    def __post_init__(self):
+        self.hidden = tuple(int(h) for h in self.hidden)
+        if not (self.use_ref or self.use_gen or self.use_expert):
+            raise BadInput("CGMIAConfig: at least one of use_ref/use_gen/use_expert must be on")
+        if self.conv_kernel % 2 != 1:
+            raise BadInput("CGMIAConfig: conv_kernel must be odd so the k axis keeps its length")
+        for name in ("expert_proj_dim", "batch_size", "epochs"):
+            if getattr(self, name) < 1:
+                raise BadInput(f"CGMIAConfig: {name} must be >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["hidden"] = list(self.hidden)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "CGMIAConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise BadInput(f"CGMIAConfig: unknown keys {sorted(unknown)}")
+        return cls(**d)
+
+
+def arrays_from_table(table: pa.Table) -> dict[str, np.ndarray]:
+    """Collection -> gen [n,k,d], ref [n,d], expert [n,4k], member [n] (int8; -1 unknown), task_id [n]."""
+    expert = list_column(table, C.EXPERT)
+    if expert.shape[1] % 4 or expert.shape[1] == 0:
+        raise BadInput(f"expert vector has {expert.shape[1]} entries, expected 4k", field=C.EXPERT)
+    k = expert.shape[1] // 4
+    ref = list_column(table, C.REF_EMBEDDING)
+    d = ref.shape[1]
+    gen = list_column(table, C.GEN_EMBEDDING, width=k * d).reshape(len(ref), k, d)
+    member = scalar_column(table, C.MEMBER, dtype=np.int8)
+    task_id = np.asarray(table.column(C.TASK_ID).to_pylist(), dtype=object) \
+        if C.TASK_ID in table.column_names else np.arange(len(ref)).astype(str).astype(object)
+    return {"gen": gen, "ref": ref, "expert": expert, "member": member, "task_id": task_id}
+
+
+def _shapes(arrays: Mapping[str, np.ndarray]) -> tuple[int, int, int, int]:
+    try:
+        gen, ref, expert = arrays["gen"], arrays["ref"], arrays["expert"]
+    except KeyError as e:
+        raise BadInput(f"arrays lack {e.args[0]!r} (use arrays_from_table)") from None
+    n = len(ref)
+    if gen.ndim != 3 or ref.ndim != 2 or expert.ndim != 2 or len(gen) != n or len(expert) != n:
+        raise BadInput(f"bad array shapes gen {gen.shape}, ref {ref.shape}, expert {expert.shape}")
+    if gen.shape[2] != ref.shape[1]:
+        raise BadInput(f"gen embedding width {gen.shape[2]} != ref embedding width {ref.shape[1]}")
+    return n, gen.shape[1], ref.shape[1], expert.shape[1]
+
+
+class _Frozen(nn.Module):
+    """The parts CGMIA never trains; drawn once from the detector's seed."""
+
+    def __init__(self, d: int, n_expert: int, cfg: CGMIAConfig):
+        super().__init__()
+        pad = cfg.conv_kernel // 2
+        self.conv = nn.Sequential(
+            nn.Conv1d(d, d, cfg.conv_kernel, stride=1, padding=pad), nn.ReLU(),
+            nn.Conv1d(d, d, cfg.conv_kernel, stride=1, padding=pad), nn.AdaptiveAvgPool1d(1),
+        ) if cfg.use_gen else None
+        self.expert = nn.Linear(n_expert, cfg.expert_proj_dim) if cfg.use_expert and n_expert else None
+        self.use_ref = cfg.use_ref
+        self.out_dim = d * cfg.use_ref + d * (self.conv is not None) + \
+            cfg.expert_proj_dim * (self.expert is not None)
+        self.requires_grad_(False)
+
+    def forward(self, gen: torch.Tensor, ref: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
+        parts = []
+        if self.use_ref:
+            parts.append(ref)
+        if self.conv is not None:
+            parts.append(self.conv(gen.transpose(1, 2)).squeeze(-1))  # [n,k,d] -> [n,d,k] -> [n,d]
+        if self.expert is not None:
+            parts.append(self.expert(expert))
+        return torch.cat(parts, dim=1)
+
+
+def _head(in_dim: int, hidden: tuple[int, ...]) -> nn.Sequential:
+    layers, prev = [], in_dim
+    for h in hidden:
+        layers += [nn.Linear(prev, h), nn.ReLU()]
+        prev = h
+    layers.append(nn.Linear(prev, 2))
+    return nn.Sequential(*layers)
+
+
+def _seeds(seed: int) -> tuple[int, int, int]:
+    """Independent streams for frozen init, head init and batch order, all from one seed."""
+    a, b, c = np.random.SeedSequence(int(seed)).generate_state(3)
+    return int(a), int(b), int(c)
+
+
+class CGMIADetector:
+    """A trained (or freshly initialised) CGMIA classifier with everything needed to predict."""
+
+    def __init__(self, config: CGMIAConfig, seed: int, k: int, d: int, expert_width: int,
+                 expert_keep: np.ndarray, scaler_mean: np.ndarray, scaler_scale: np.ndarray):
+        self.config, self.seed, self.k, self.d, self.expert_width = config, int(seed), k, d, expert_width
+        self.expert_keep = np.asarray(expert_keep, dtype=bool)
+        self.scaler_mean = np.asarray(scaler_mean, dtype=np.float64)
+        self.scaler_scale = np.asarray(scaler_scale, dtype=np.float64)
+        self.history: list[dict[str, float]] = []
+        self.n_train = 0
+        frozen_seed, head_seed, _ = _seeds(seed)
+        with torch.random.fork_rng(devices=[]):  # leave the caller's RNG alone
+            torch.manual_seed(frozen_seed)
+            self.frozen = _Frozen(d, int(self.expert_keep.sum()), config)
+            torch.manual_seed(head_seed)
+            self.head = _head(self.frozen.out_dim, config.hidden)
+        self.frozen.to(config.device).eval()
+        self.head.to(config.device)
+
+    # -- features ------------------------------------------------------------------
+    def _check(self, arrays: Mapping[str, np.ndarray]) -> int:
+        n, k, d, e = _shapes(arrays)
+        if (k, d, e) != (self.k, self.d, self.expert_width):
+            raise BadInput(f"arrays have k={k}, d={d}, expert={e}; detector was trained on "
+                           f"k={self.k}, d={self.d}, expert={self.expert_width}")
+        return n
+
+    def _standardise(self, expert: np.ndarray) -> np.ndarray:
+        return ((expert[:, self.expert_keep] - self.scaler_mean) / self.scaler_scale).astype(np.float32)
+
+    @torch.inference_mode()
+    def features(self, arrays: Mapping[str, np.ndarray], chunk: int = 1024) -> torch.Tensor:
+        """Frozen-part outputs [n, in_dim] (the FFN's input)."""
+        n = self._check(arrays)
+        dev = self.config.device
+        std = self._standardise(np.asarray(arrays["expert"], dtype=np.float64))
+        out = []
+        for s in range(0, n, chunk):
+            out.append(self.frozen(
+                torch.as_tensor(np.asarray(arrays["gen"][s:s + chunk], dtype=np.float32), device=dev),
+                torch.as_tensor(np.asarray(arrays["ref"][s:s + chunk], dtype=np.float32), device=dev),
+                torch.as_tensor(std[s:s + chunk], device=dev)))
+        return torch.cat(out) if out else torch.zeros((0, self.frozen.out_dim), device=dev)
+
+    def predict_proba(self, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Member probability per row, float64 [n]."""
+        x = self.features(arrays)
+        self.head.eval()
+        with torch.inference_mode():
+            p = torch.softmax(self.head(x), dim=1)[:, 1]
+        return p.double().cpu().numpy()
+
+    def predict(self, arrays: Mapping[str, np.ndarray], threshold: float = 0.5) -> np.ndarray:
+        return (self.predict_proba(arrays) >= threshold).astype(np.int8)
+
+    # -- persistence ---------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """Everything needed to rebuild the detector, as plain objects (for Ray returns)."""
+        return {
+            "format_version": FORMAT_VERSION, "config": self.config.to_dict(), "seed": self.seed,
+            "k": self.k, "d": self.d, "expert_width": self.expert_width,
+            "expert_keep": self.expert_keep.tolist(), "n_train": self.n_train, "history": self.history,
+            "scaler_mean": self.scaler_mean, "scaler_scale": self.scaler_scale,
+            "frozen": {k: v.cpu() for k, v in self.frozen.state_dict().items()},
+            "head": {k: v.cpu() for k, v in self.head.state_dict().items()},
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any], device: str | None = None) -> "CGMIADetector":
+        if state.get("format_version") != FORMAT_VERSION:
+            raise BadInput(f"CGMIA format {state.get('format_version')!r}, expected {FORMAT_VERSION}")
+        cfg = dict(state["config"])
+        if device is not None:
+            cfg["device"] = device
+        det = cls(CGMIAConfig.from_dict(cfg), state["seed"], state["k"], state["d"],
+                  state["expert_width"], np.asarray(state["expert_keep"], bool),
+                  state["scaler_mean"], state["scaler_scale"])
+        det.frozen.load_state_dict(state["frozen"])
+        det.head.load_state_dict(state["head"])
+        det.n_train, det.history = int(state["n_train"]), list(state["history"])
+        return det
+
+    def save(self, directory: str | Path) -> Path:
+        """Write config+seed (json), weights incl. frozen parts (pt), scaler (npz) to a directory."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        st = self.state()
+        meta = {k: v for k, v in st.items() if k not in ("frozen", "head", "scaler_mean", "scaler_scale")}
+        torch.save({"frozen": st["frozen"], "head": st["head"]}, directory / _WEIGHTS_FILE)
+        np.savez(directory / _SCALER_FILE, mean=self.scaler_mean, scale=self.scaler_scale)
+        (directory / _CONFIG_FILE).write_text(json.dumps(meta, indent=1))  # last: marks completion
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path, device: str | None = None) -> "CGMIADetector":
+        directory = Path(directory)
+        if not (directory / _CONFIG_FILE).exists():
+            raise BadInput("not a saved CGMIA detector", path=str(directory / _CONFIG_FILE))
+        meta = json.loads((directory / _CONFIG_FILE).read_text())
+        weights = torch.load(directory / _WEIGHTS_FILE, map_location="cpu", weights_only=True)
+        with np.load(directory / _SCALER_FILE) as sc:
+            meta.update(scaler_mean=sc["mean"], scaler_scale=sc["scale"])
+        meta.update(weights)
+        return cls.from_state(meta, device=device)
+
+
+def fit(train_arrays: Mapping[str, np.ndarray], config: CGMIAConfig | None = None, seed: int = 0,
+        progress: bool = True, report: Callable[[int, dict[str, float]], None] | None = None
+        ) -> CGMIADetector:
+    """Train CGMIA on labelled rows (member 0/1). The caller has already split by task."""
+    from sklearn.preprocessing import StandardScaler
+    from tqdm.auto import tqdm
+
+    config = config or CGMIAConfig()
+    n, k, d, e = _shapes(train_arrays)
+    y = np.asarray(train_arrays.get("member", []))
+    if len(y) != n:
+        raise BadInput(f"member has {len(y)} rows, arrays have {n}", field=C.MEMBER)
+    bad = ~np.isin(y, (0, 1))
+    if bad.any():
+        raise BadInput(f"training rows need member 0/1, got {y[bad][0]}", row=int(np.flatnonzero(bad)[0]),
+                       field=C.MEMBER)
+    if len(np.unique(y)) < 2:
+        raise BadInput("training rows hold one class only", field=C.MEMBER)
+
+    expert = np.asarray(train_arrays["expert"], dtype=np.float64)
+    keep = (np.ptp(expert, axis=0) > 0) if config.drop_constant_expert else np.ones(e, bool)
+    if keep.any():
+        scaler = StandardScaler().fit(expert[:, keep])  # training rows only
+        mean, scale = scaler.mean_, scaler.scale_
+    else:
+        mean, scale = np.zeros(0), np.ones(0)
+    det = CGMIADetector(config, seed, k, d, e, keep, mean, scale)
+    if det.frozen.out_dim == 0:
+        raise BadInput("nothing to train on: every expert column is constant and use_ref/use_gen are off")
+    det.n_train = n
+
+    x = det.features(train_arrays).clone()  # frozen outputs, once
+    yt = torch.as_tensor(y.astype(np.int64), device=config.device)
+    _, _, order_seed = _seeds(seed)
+    gen = torch.Generator().manual_seed(order_seed)
+    opt = torch.optim.Adam(det.head.parameters(), lr=config.lr)
+    loss_fn = nn.CrossEntropyLoss()
+    det.head.train()
+    bar = tqdm(range(config.epochs), desc=f"cgmia seed={seed}", disable=not progress, leave=False)
+    for epoch in bar:
+        perm = torch.randperm(n, generator=gen).to(config.device)
+        total, correct = 0.0, 0
+        for s in range(0, n, config.batch_size):
+            idx = perm[s:s + config.batch_size]
+            logits = det.head(x[idx])
+            loss = loss_fn(logits, yt[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += float(loss.detach()) * len(idx)
+            correct += int((logits.argmax(1) == yt[idx]).sum())
+        metrics = {"epoch": epoch, "loss": total / n, "train_acc": correct / n}
+        det.history.append(metrics)
+        bar.set_postfix(loss=f"{metrics['loss']:.4f}", acc=f"{metrics['train_acc']:.3f}")
+        if report is not None:
+            report(epoch, metrics)
+    det.head.eval()
+    return det
