@@ -1,0 +1,175 @@
+"""Models built here, with no hub: a byte-level BPE tokenizer and a small GPT-2-style
+LM pretrained for a bounded time on the interpreter's own standard library.
+
+Both are cached under ``cache_root()/base-<hash of config>``, so the second run of
+the demo reuses them. The result is an ordinary Hugging Face model directory:
+everything downstream loads it with ``from_pretrained`` exactly as it would load
+``deepseek-ai/deepseek-coder-1.3b-base``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import sysconfig
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from leakray.runs import cache_root, content_hash, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+EOS = "<|endoftext|>"
+PAD = "<|pad|>"
+_SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "lib2to3", "__pycache__", "turtledemo", "ensurepip"}
+
+
+@dataclass
+class TinyLMConfig:
+    vocab_size: int = 4096
+    n_layer: int = 4
+    n_embd: int = 256
+    n_head: int = 4
+    n_positions: int = 1024
+    block_size: int = 384  # pretraining sequence length
+    batch_size: int = 16
+    lr: float = 2e-3
+    warmup_steps: int = 50
+    pretrain_seconds: float = 360.0  # wall-clock budget; the step count is recorded
+    max_steps: int = 100_000
+    corpus_mb: float = 12.0  # stdlib source read, at most
+    seed: int = 0
+    threads: int = 2
+
+
+def stdlib_sources(max_bytes: int) -> list[str]:
+    """Python source of the standard library, tests and demos excluded, in a fixed order."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    texts, total = [], 0
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).parts
+        if any(p in _SKIP_DIRS or p.startswith("test") for p in parts):
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        texts.append(text)
+        total += len(text)
+        if total >= max_bytes:
+            break
+    return texts
+
+
+def train_tokenizer(texts: list[str], vocab_size: int, out_dir: Path):
+    """Byte-level BPE trained locally, saved as a fast HF tokenizer (eos = pad-distinct)."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=2, special_tokens=[EOS, PAD])
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token=EOS, bos_token=EOS,
+                                  unk_token=EOS, pad_token=PAD)
+    tok.padding_side = "left"  # generation pads on the left
+    tok.save_pretrained(out_dir)
+    return tok
+
+
+def _lm_config(cfg: TinyLMConfig, tok):
+    from transformers import GPT2Config
+
+    return GPT2Config(
+        vocab_size=len(tok), n_positions=cfg.n_positions, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
+        n_head=cfg.n_head, bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )
+
+
+def pretrain(cfg: TinyLMConfig, out_dir: Path, progress: bool = True) -> dict:
+    """Tokenizer + LM from scratch on stdlib source, for cfg.pretrain_seconds; returns stats."""
+    import torch
+    from tqdm.auto import tqdm
+    from transformers import GPT2LMHeadModel
+
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    torch.set_num_threads(cfg.threads)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    texts = stdlib_sources(int(cfg.corpus_mb * 1e6))
+    tok = train_tokenizer(texts, cfg.vocab_size, out_dir)
+    t_tok = time.perf_counter() - t0
+
+    ids: list[int] = []
+    for text in texts:
+        ids.extend(tok(text)["input_ids"])
+        ids.append(tok.eos_token_id)
+    data = torch.tensor(ids, dtype=torch.long)
+    n_val = cfg.block_size * 64
+    train, val = data[:-n_val], data[-n_val:]
+
+    model = GPT2LMHeadModel(_lm_config(cfg, tok))
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    gen = torch.Generator().manual_seed(cfg.seed)
+
+    def lr_at(step: int) -> float:  # warmup, then cosine over the expected step count
+        if step < cfg.warmup_steps:
+            return cfg.lr * (step + 1) / cfg.warmup_steps
+        return cfg.lr * max(0.1, 0.5 * (1 + math.cos(math.pi * min(1.0, step / max(1, expected)))))
+
+    expected = cfg.max_steps
+    step, t_train = 0, time.perf_counter()
+    bar = tqdm(total=int(cfg.pretrain_seconds), desc="pretrain base LM (s)", disable=not progress,
+               unit="s", bar_format="{l_bar}{bar}| {n:.0f}/{total_fmt}s {postfix}")
+    model.train()
+    while step < cfg.max_steps:
+        elapsed = time.perf_counter() - t_train
+        if elapsed >= cfg.pretrain_seconds:
+            break
+        if step == 20:  # once speed is known, fit the cosine schedule to the time budget
+            expected = min(cfg.max_steps, int(cfg.pretrain_seconds / (elapsed / step)))
+        starts = torch.randint(0, len(train) - cfg.block_size - 1, (cfg.batch_size,), generator=gen)
+        batch = torch.stack([train[s: s + cfg.block_size] for s in starts])
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step)
+        loss = model(input_ids=batch, labels=batch).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        bar.n = min(bar.total, int(time.perf_counter() - t_train))
+        bar.set_postfix(step=step, loss=f"{loss.item():.2f}", refresh=False)
+        bar.refresh()
+    bar.close()
+
+    model.eval()
+    with torch.inference_mode():
+        blocks = val[: (len(val) // cfg.block_size) * cfg.block_size].view(-1, cfg.block_size)
+        val_loss = float(sum(model(input_ids=b[None], labels=b[None]).loss for b in blocks) / len(blocks))
+    model.save_pretrained(out_dir)
+    stats = {
+        "config": asdict(cfg), "steps": step, "val_loss": round(val_loss, 4),
+        "train_tokens": int(len(train)), "parameters": sum(p.numel() for p in model.parameters()),
+        "seconds_tokenizer": round(t_tok, 1), "seconds_total": round(time.perf_counter() - t0, 1),
+    }
+    write_json_atomic(out_dir / "pretrain.json", stats)
+    log.info("base LM: %d steps, val loss %.3f", step, val_loss)
+    return stats
+
+
+def ensure_base_model(cfg: TinyLMConfig | None = None, progress: bool = True) -> tuple[Path, dict]:
+    """Path of the cached locally pretrained base model (building it on first use) and its stats."""
+    cfg = cfg or TinyLMConfig()
+    out = cache_root() / f"base-{content_hash(asdict(cfg))}"
+    stats_file = out / "pretrain.json"
+    if stats_file.exists():
+        import json
+
+        return out, {**json.loads(stats_file.read_text()), "cached": True}
+    tmp = out.with_name(out.name + ".partial")
+    stats = pretrain(cfg, tmp, progress=progress)
+    tmp.rename(out) if not out.exists() else None
+    return out, {**stats, "cached": False}

@@ -1,0 +1,56 @@
+"""The sampler interface: k completions per prompt with the perplexity of each under
+the *unwarped* model distribution. Backends: `hf` (transformers, CPU/GPU), `vllm`
+(GPU clusters, extra [vllm]); an OpenAI-compatible backend slots in the same way."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass
+class SampleConfig:
+    backend: str = "hf"  # "hf" | "vllm"
+    k: int = 5
+    temperature: float = 0.8
+    top_p: float = 0.95
+    max_new_tokens: int = 160
+    batch_size: int = 8  # prompts per generate call (x k sequences)
+    seed: int = 0
+    threads: int = 1
+    device: str = "auto"  # "auto" | "cpu" | "cuda"
+    dtype: str = "auto"
+
+
+@dataclass
+class Samples:
+    """k completions of one prompt; `completions` are truncated at the unit's end."""
+
+    completions: list[str]
+    perplexity: list[float]
+    n_tokens: list[int]
+
+
+class Sampler(Protocol):
+    def sample(self, prompts: list[str], languages: list[str], keys: list[str]) -> list[Samples]:
+        """`keys` (task ids) seed each prompt's sampling, so a retried batch gives the same output."""
+
+    def reference_loss(self, prompts: list[str], references: list[str]) -> list[float]:
+        """Mean token NLL of each reference's continuation of its prompt."""
+
+
+def make_sampler(model_path: str, cfg: SampleConfig) -> Sampler:
+    if cfg.backend == "hf":
+        from leakray.models.hf_sampler import HFSampler
+
+        return HFSampler(model_path, cfg)
+    if cfg.backend == "vllm":
+        from leakray.models.vllm_sampler import VLLMSampler
+
+        return VLLMSampler(model_path, cfg)
+    raise ValueError(f"unknown sampler backend {cfg.backend!r} (expected 'hf' or 'vllm')")
+
+
+def continuation(prompt: str, reference: str) -> str:
+    """The part of a complete reference solution that continues the prompt."""
+    return reference[len(prompt):] if reference.startswith(prompt) else reference

@@ -1,0 +1,245 @@
+"""The collection: sample -> execute -> score -> embed as Ray Data stages.
+
+Each stage is a plain class or function on a pyarrow batch (one row per task), so it
+runs without Ray in tests; here they become `map_batches` operators, with actor pools
+where the state is heavy (a model, a sandbox pool, an encoder). Actor-pool tasks retry
+at least once, so rows are keyed by task id and deduplicated when read back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from leakray.models.sampler import SampleConfig, continuation
+from leakray.schema import C, T, X, collection_schema
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StageResources:
+    actors: int = 1
+    cpus: float = 1.0
+    gpus: float = 0.0
+
+
+@dataclass
+class CollectConfig:
+    sample: SampleConfig = field(default_factory=SampleConfig)
+    execute_timeout_s: float = 10.0
+    execute_threads: int = 4
+    embed_model: str = "minilm"
+    embed_max_tokens: int = 510
+    embed_stride: int = 256
+    embed_batch_size: int = 16
+    # the sandbox's processes are outside Ray's accounting; its actors only wait on them
+    sample_resources: StageResources = field(default_factory=lambda: StageResources(2, 1.0))
+    execute_resources: StageResources = field(default_factory=lambda: StageResources(1, 0.0))
+    embed_resources: StageResources = field(default_factory=lambda: StageResources(1, 0.0))
+    batch_size: int = 8  # tasks per batch through every stage
+
+
+def _col(batch: pa.Table, name: str) -> list:
+    return batch.column(name).to_pylist()
+
+
+def _with(batch: pa.Table, columns: dict[str, list]) -> pa.Table:
+    schema = collection_schema()
+    for name, values in columns.items():
+        arr = pa.array(values, type=schema.field(name).type)
+        idx = batch.schema.get_field_index(name)
+        batch = batch.set_column(idx, name, arr) if idx >= 0 else batch.append_column(name, arr)
+    return batch
+
+
+class SampleStage:
+    """k completions per prompt with perplexities, plus the reference's loss under the model."""
+
+    def __init__(self, model_path: str, sample: dict):
+        from leakray.models.sampler import make_sampler
+
+        self.sampler = make_sampler(model_path, SampleConfig(**sample))
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        prompts, refs = _col(batch, C.PROMPT), _col(batch, C.REFERENCE)
+        samples = self.sampler.sample(prompts, _col(batch, C.LANGUAGE), _col(batch, C.TASK_ID))
+        return _with(batch, {
+            C.COMPLETIONS: [s.completions for s in samples],
+            C.PERPLEXITY: [s.perplexity for s in samples],
+            C.N_TOKENS: [s.n_tokens for s in samples],
+            C.REF_LOSS: self.sampler.reference_loss(prompts, refs),
+        })
+
+
+class ExecuteStage:
+    """Runs every completion (prompt + completion) against the task's tests in the sandbox."""
+
+    def __init__(self, timeout_s: float = 10.0, threads: int = 4):
+        from leakray.sandbox import Sandbox, SandboxConfig
+
+        self.sandbox = Sandbox(SandboxConfig(timeout_s=timeout_s))
+        self.threads = threads
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        rows = batch.select([C.TASK_ID, C.LANGUAGE, C.PROMPT, C.COMPLETIONS, T.TESTS, T.RUNNER]).to_pylist()
+        requests, spans = [], []
+        for row in rows:
+            start = len(requests)
+            if row[T.TESTS].strip():
+                for j, completion in enumerate(row[C.COMPLETIONS]):
+                    requests.append({
+                        X.ID: f"{row[C.TASK_ID]}#{j}", X.LANGUAGE: row[C.LANGUAGE], X.RUNNER: row[T.RUNNER],
+                        X.PROGRAM: row[C.PROMPT] + completion, X.TESTS: row[T.TESTS],
+                    })
+            spans.append((start, len(requests)))
+        results = self.sandbox.run_many(requests, workers=self.threads) if requests else []
+        status, passed = [], []
+        for (a, b), row in zip(spans, rows):
+            if a == b:  # no tests: the pass feature is absent, not "failed"
+                status.append(["no-tests"] * len(row[C.COMPLETIONS]))
+                passed.append([False] * len(row[C.COMPLETIONS]))
+            else:
+                status.append([r[X.STATUS] for r in results[a:b]])
+                passed.append([bool(r[X.PASSED]) and r[X.STATUS] == "passed" for r in results[a:b]])
+        return _with(batch, {
+            C.EXEC_STATUS: status, C.PASSED: passed,
+            C.HAS_TESTS: [bool(row[T.TESTS].strip()) for row in rows],
+        })
+
+
+def solutions(batch: pa.Table) -> tuple[list[list[str]], list[str]]:
+    """What is compared and embedded: the solution part of each program and of the reference.
+
+    The prompt is shared by every program of a task, so comparing whole programs would
+    measure prompt length as much as similarity; CGMIA compares the generated code."""
+    refs = [continuation(p, r) for p, r in zip(_col(batch, C.PROMPT), _col(batch, C.REFERENCE))]
+    return _col(batch, C.COMPLETIONS), refs
+
+
+def score_stage(batch: pa.Table) -> pa.Table:
+    from leakray.features.expert import score_batch
+
+    completions, refs = solutions(batch)
+    scored = score_batch({
+        C.REFERENCE: refs, C.LANGUAGE: _col(batch, C.LANGUAGE), C.COMPLETIONS: completions,
+        C.PERPLEXITY: _col(batch, C.PERPLEXITY), C.PASSED: _col(batch, C.PASSED),
+        C.HAS_TESTS: _col(batch, C.HAS_TESTS),
+    })
+    return _with(batch, {name: [list(map(float, v)) for v in scored[name]]
+                         for name in (C.CODEBLEU, C.EDIT_DISTANCE, C.EXPERT)})
+
+
+class EmbedStage:
+    """Sliding-window encoder embeddings of the k solutions (k*d, row-major) and the reference (d)."""
+
+    def __init__(self, model: str, max_tokens: int, stride: int, batch_size: int):
+        from leakray.features.embed import SlidingWindowEmbedder
+        from leakray.models.encoders import resolve_encoder
+
+        self.embedder = SlidingWindowEmbedder(resolve_encoder(model), max_tokens=max_tokens, stride=stride,
+                                              batch_size=batch_size)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        completions, refs = solutions(batch)
+        k = len(completions[0])
+        vectors = self.embedder.embed([c for row in completions for c in row] + refs)
+        n = len(refs)
+        gen = vectors[: n * k].reshape(n, -1)
+        return _with(batch, {C.GEN_EMBEDDING: [list(map(float, g)) for g in gen],
+                             C.REF_EMBEDDING: [list(map(float, r)) for r in vectors[n * k:]]})
+
+
+def input_table(tasks: list[dict], folds: dict[str, int], members: set[str]) -> pa.Table:
+    rows = [{
+        C.TASK_ID: t[T.TASK_ID], C.BENCHMARK: t[T.BENCHMARK], C.LANGUAGE: t[T.LANGUAGE],
+        C.FOLD: folds.get(t[T.TASK_ID], -1), C.MEMBER: int(t[T.TASK_ID] in members),
+        C.PROMPT: t[T.PROMPT], C.REFERENCE: t[T.REFERENCE], T.TESTS: t[T.TESTS], T.RUNNER: t[T.RUNNER],
+    } for t in tasks]
+    schema = collection_schema()
+    fields = [schema.field(n) for n in (C.TASK_ID, C.BENCHMARK, C.LANGUAGE, C.FOLD, C.MEMBER, C.PROMPT,
+                                        C.REFERENCE)]
+    return pa.Table.from_pylist(rows, schema=pa.schema(fields + [pa.field(T.TESTS, pa.string()),
+                                                                 pa.field(T.RUNNER, pa.string())]))
+
+
+def collect_local(table: pa.Table, model_path: str, cfg: CollectConfig) -> pa.Table:
+    """The same stages in-process, batch by batch (tests, debugging)."""
+    sample = SampleStage(model_path, asdict(cfg.sample))
+    execute = ExecuteStage(cfg.execute_timeout_s, cfg.execute_threads)
+    embed = EmbedStage(cfg.embed_model, cfg.embed_max_tokens, cfg.embed_stride, cfg.embed_batch_size)
+    parts = []
+    for batch in table.to_batches(max_chunksize=cfg.batch_size):
+        parts.append(embed(score_stage(execute(sample(pa.Table.from_batches([batch]))))))
+    return finalize(pa.concat_tables(parts))
+
+
+def finalize(table: pa.Table) -> pa.Table:
+    """One row per task (retries deduplicated), sorted, cast to the collection schema."""
+    seen, keep = set(), []
+    for i, task_id in enumerate(table.column(C.TASK_ID).to_pylist()):
+        if task_id not in seen:
+            seen.add(task_id)
+            keep.append(i)
+    table = table.take(keep).sort_by(C.TASK_ID)
+    schema = collection_schema()
+    return pa.table({name: table.column(name).cast(schema.field(name).type) for name in schema.names},
+                    schema=schema)
+
+
+def collect_on_ray(table: pa.Table, model_path: str, cfg: CollectConfig, out_dir: Path) -> pa.Table:
+    """Ray Data: each stage an operator; sampling, execution and embedding stream concurrently."""
+    import ray
+    from ray.data import ActorPoolStrategy
+
+    def pool(res: StageResources) -> dict:
+        opts = {"compute": ActorPoolStrategy(min_size=1, max_size=max(1, res.actors)), "num_cpus": res.cpus}
+        if res.gpus:
+            opts["num_gpus"] = res.gpus
+        return opts
+
+    n_blocks = max(1, -(-table.num_rows // cfg.batch_size))
+    ds = ray.data.from_arrow(table).repartition(n_blocks)
+    ds = ds.map_batches(SampleStage, fn_constructor_kwargs={"model_path": model_path,
+                                                            "sample": asdict(cfg.sample)},
+                        batch_size=cfg.batch_size, batch_format="pyarrow", **pool(cfg.sample_resources))
+    ds = ds.map_batches(ExecuteStage, fn_constructor_kwargs={"timeout_s": cfg.execute_timeout_s,
+                                                             "threads": cfg.execute_threads},
+                        batch_size=cfg.batch_size, batch_format="pyarrow", **pool(cfg.execute_resources))
+    ds = ds.map_batches(score_stage, batch_size=cfg.batch_size, batch_format="pyarrow", num_cpus=0.5)
+    ds = ds.map_batches(EmbedStage, fn_constructor_kwargs={
+        "model": cfg.embed_model, "max_tokens": cfg.embed_max_tokens, "stride": cfg.embed_stride,
+        "batch_size": cfg.embed_batch_size}, batch_size=cfg.batch_size, batch_format="pyarrow",
+        **pool(cfg.embed_resources))
+    parts = out_dir / "parts"
+    ds.write_parquet(str(parts))
+    return finalize(pq.read_table(str(parts)))
+
+
+def collection_stats(table: pa.Table, seconds: float) -> dict:
+    """Simple per-stage numbers the report shows: rows, execution outcomes, time per row."""
+    statuses = Counter(s for row in table.column(C.EXEC_STATUS).to_pylist() for s in row)
+    n_tokens = [n for row in table.column(C.N_TOKENS).to_pylist() for n in row]
+    return {
+        "rows": table.num_rows, "completions": sum(statuses.values()),
+        "exec_status": dict(statuses), "mean_generated_tokens": round(sum(n_tokens) / max(1, len(n_tokens)), 1),
+        "seconds": round(seconds, 1), "seconds_per_task": round(seconds / max(1, table.num_rows), 3),
+    }
+
+
+def write_collection(table: pa.Table, path: Path, stats: dict) -> None:
+    pq.write_table(table, path)
+    path.with_suffix(".stats.json").write_text(json.dumps(stats, indent=2))
+
+
+def timed(fn, *args, **kwargs):
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - t0
