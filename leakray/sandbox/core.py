@@ -1,0 +1,260 @@
+"""`Sandbox.run(request) -> result`: one untrusted program, its tests, and a verdict.
+
+Each run gets a fresh process tree under `isolation`, a random token the harness must echo
+on a private fd to claim a pass, and a wall-clock timer that kills the whole tree."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from leakray.sandbox import isolation as iso
+from leakray.sandbox import runners as R
+from leakray.sandbox.config import SandboxConfig
+from leakray.schema import LANGUAGES, X
+
+_MEMORY_HINTS = re.compile(rb"MemoryError|OutOfMemoryError|Cannot allocate memory|bad_alloc|"
+                           rb"Could not reserve enough space|insufficient memory")
+_RUNNER_LANGUAGES = {"python": ("python",), "unittest": ("python",), "pytest": ("python",),
+                     "stdio": ("python",), "java-main": ("java",), "junit5": ("java",)}
+
+
+def _tail(data: bytes, n: int) -> str:
+    return data[-n:].decode("utf-8", errors="replace")
+
+
+def _result(rid, status: str, duration: float = 0.0, stdout: str = "", stderr: str = "") -> dict:
+    return {X.ID: rid, X.STATUS: status, X.PASSED: status == "passed", X.DURATION_S: round(duration, 4),
+            X.STDOUT_TAIL: stdout, X.STDERR_TAIL: stderr}
+
+
+def error_result(rid, message: str) -> dict:
+    return _result(rid, "error", stderr=message)
+
+
+class Sandbox:
+    """Runs requests (dicts keyed by `leakray.schema.X`) in isolated processes; thread-safe."""
+
+    def __init__(self, config: SandboxConfig | dict | None = None):
+        if isinstance(config, dict):
+            config = SandboxConfig.from_dict(config)
+        self.config = config or SandboxConfig()
+        self.isolation = iso.detect(self.config.isolation, self.config.uid_base)
+        self._uids = iso.UidPool(self.config.uid_base) if os.geteuid() == 0 else None
+        # the interpreter may live under a hidden directory (pyenv in /root): show it again, read-only
+        self._exposed = iso.exposed_paths([self.config.python])
+
+    # ---- public API -------------------------------------------------------------------------
+    def run(self, request: dict) -> dict:
+        rid = request.get(X.ID) if isinstance(request, dict) else None
+        try:
+            rid, runner, program, tests, timeout = self._validate(request)
+        except R.RunnerError as exc:
+            return error_result(rid, f"bad request: {exc}")
+        start = time.monotonic()
+        try:
+            if runner == "stdio":
+                result = self._run_stdio(rid, program, tests, timeout)
+            elif runner in ("java-main", "junit5"):
+                result = self._run_plan(rid, R.java_plan(runner, program, tests, self.config, timeout))
+            else:
+                result = self._run_plan(rid, R.python_plan(runner, program, tests, self.config, timeout))
+        except R.RunnerError as exc:
+            return error_result(rid, str(exc))
+        result[X.DURATION_S] = round(time.monotonic() - start, 4)
+        return result
+
+    def run_many(self, requests: list[dict], workers: int = 2) -> list[dict]:
+        """Results in input order; each run is its own process tree, so threads suffice."""
+        if workers <= 1 or len(requests) <= 1:
+            return [self.run(r) for r in requests]
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            return list(pool.map(self.run, requests))
+
+    # ---- internals --------------------------------------------------------------------------
+    def _validate(self, req) -> tuple:
+        if not isinstance(req, dict):
+            raise R.RunnerError("a request must be a JSON object")
+        rid = req.get(X.ID)
+        if not isinstance(rid, str) or not rid:
+            raise R.RunnerError(f"field '{X.ID}' must be a non-empty string")
+        language = req.get(X.LANGUAGE)
+        if language not in LANGUAGES:
+            raise R.RunnerError(f"field '{X.LANGUAGE}' must be one of {LANGUAGES}, got {language!r}")
+        runner = req.get(X.RUNNER) or X.DEFAULT_RUNNER[language]
+        if runner not in X.RUNNERS:
+            raise R.RunnerError(f"field '{X.RUNNER}' must be one of {X.RUNNERS}, got {runner!r}")
+        if language not in _RUNNER_LANGUAGES[runner]:
+            raise R.RunnerError(f"runner {runner!r} does not run {language}")
+        for name in (X.PROGRAM, X.TESTS):
+            if not isinstance(req.get(name), str):
+                raise R.RunnerError(f"field '{name}' must be a string")
+        if "\x00" in req[X.PROGRAM] + req[X.TESTS]:
+            raise R.RunnerError("NUL byte in program or tests")
+        timeout = req.get(X.TIMEOUT_S)
+        if timeout is None:
+            timeout = self.config.timeout_s
+        elif isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 3600:
+            raise R.RunnerError(f"field '{X.TIMEOUT_S}' must be a number in (0, 3600], got {timeout!r}")
+        return rid, runner, req[X.PROGRAM], req[X.TESTS], float(timeout)
+
+    def _run_plan(self, rid, plan: R.Plan) -> dict:
+        token = secrets.token_hex(16)
+        raw = self._exec(dict(plan.files, **{".leakray_token": token}), plan.argv, plan.memory_mb,
+                         plan.wall_s, ro_binds=plan.ro_binds)
+        verdict = None
+        for line in raw["channel"].splitlines():
+            parts = line.split()
+            if len(parts) == 3 and parts[0] == b"LEAKRAY" and secrets.compare_digest(parts[1], token.encode()):
+                verdict = parts[2].decode("ascii", "replace")
+                break
+        if verdict in X.STATUSES:
+            status = verdict
+        elif raw["timed_out"]:
+            status = "timeout"
+        elif raw["rc"] == R.COMPILE_ERROR_RC and plan.argv[0] == "/bin/sh":
+            status = "error"
+        elif _MEMORY_HINTS.search(raw["stderr"][-65536:]):
+            status = "memory"
+        else:
+            status = "failed"  # died without the harness's word: an exit, a signal, a killed parent
+        n = self.config.tail_bytes
+        return _result(rid, status, raw["duration"], _tail(raw["stdout"], n), _tail(raw["stderr"], n))
+
+    def _run_stdio(self, rid, program: str, tests: str, timeout: float) -> dict:
+        cases = R.stdio_cases(tests)
+        n, last = self.config.tail_bytes, None
+        for k, (stdin, expected) in enumerate(cases):
+            raw = self._exec({"solution.py": program}, [self.config.python, "-I", "solution.py"],
+                             self.config.memory_mb, timeout, stdin=stdin.encode())
+            last = raw
+            got = raw["stdout"].decode("utf-8", errors="replace")
+            if raw["timed_out"]:
+                status = "timeout"
+            elif raw["rc"] != 0:
+                status = "memory" if _MEMORY_HINTS.search(raw["stderr"][-65536:]) else "failed"
+            elif not R.outputs_match(got, expected):
+                status = "failed"
+            else:
+                continue
+            return _result(rid, status, 0.0, _tail(raw["stdout"], n),
+                           f"case {k} of {len(cases)}: {status}\n" + _tail(raw["stderr"], n))
+        # every case's output was compared by us, outside the sandbox: that is the proof
+        return _result(rid, "passed", 0.0, _tail(last["stdout"], n), _tail(last["stderr"], n))
+
+    def _exec(self, files: dict[str, str], argv: list[str], memory_mb: int, wall_s: float, *,
+              stdin: bytes | None = None, ro_binds=()) -> dict:
+        cfg = self.config
+        uid, uid_lock = self._uids.acquire() if self._uids else (None, None)
+        opened: list = []
+        work = None
+        try:
+            channel = tempfile.TemporaryFile()
+            os.fchmod(channel.fileno(), 0o666)  # Java reopens it as /proc/self/fd/N under the run's uid
+            out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+            opened += [channel, out, err]
+            stdin_f = subprocess.DEVNULL
+            if stdin is not None:
+                stdin_f = tempfile.TemporaryFile()
+                opened.append(stdin_f)
+                stdin_f.write(stdin)
+                stdin_f.seek(0)
+            argv = [a.replace("{fd}", str(channel.fileno())) for a in argv]
+            env = iso.sandbox_env()
+            pass_fds = [channel.fileno()]
+            if self.isolation == iso.BWRAP:
+                fds = {}
+                for name, text in files.items():
+                    fd = os.memfd_create("leakray", 0)
+                    opened.append(fd)
+                    os.write(fd, text.encode("utf-8"))
+                    os.lseek(fd, 0, os.SEEK_SET)
+                    fds[name] = fd
+                pass_fds += list(fds.values())
+                full = iso.bwrap_argv(files=fds, work_dir_mb=cfg.work_dir_mb, env=env,
+                                      ro_binds=self._exposed + list(ro_binds)) + iso.drop_prefix(uid) + argv
+                cwd = "/"
+            else:
+                work = tempfile.mkdtemp(prefix="leakray-run-")
+                for name, text in files.items():
+                    with open(os.path.join(work, name), "w", encoding="utf-8") as fh:
+                        fh.write(text)
+                if uid is not None:
+                    for path in [work] + [os.path.join(work, f) for f in files]:
+                        os.chown(path, uid, uid)
+                env = iso.sandbox_env(home=work)
+                full = (iso._unshare_prefix() if self.isolation == iso.UNSHARE else []) + argv
+                cwd = work
+            start = time.monotonic()
+            proc = subprocess.Popen(
+                full, stdin=stdin_f, stdout=out, stderr=err, cwd=cwd, env=env, pass_fds=pass_fds,
+                preexec_fn=iso.preexec(uid=uid, memory_mb=memory_mb, cpu_s=wall_s,
+                                       max_procs=cfg.max_procs, max_file_bytes=cfg.max_output_bytes,
+                                       drop=self.isolation != iso.BWRAP))
+            timed_out = threading.Event()
+
+            def kill():
+                timed_out.set()
+                _killpg(proc.pid)
+            timer = threading.Timer(wall_s, kill)
+            timer.daemon = True
+            timer.start()
+            try:
+                _, status, usage = os.wait4(proc.pid, 0)
+            finally:
+                timer.cancel()
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            duration = time.monotonic() - start
+            _killpg(proc.pid)  # stragglers that kept the group (fallback modes)
+            if uid is not None and self.isolation != iso.BWRAP:
+                _kill_uid(uid)  # stragglers that left the group: everything the run's uid owns
+            cpu = usage.ru_utime + usage.ru_stime
+            rc = proc.returncode
+            cpu_killed = rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU) or (
+                rc in (-signal.SIGKILL, 128 + signal.SIGKILL) and cpu >= int(wall_s) + 1)
+            return {"rc": rc, "timed_out": timed_out.is_set() or cpu_killed, "duration": duration,
+                    "stdout": _read(out, cfg.max_output_bytes), "stderr": _read(err, cfg.max_output_bytes),
+                    "channel": _read(channel, 1 << 16)}
+        finally:
+            for f in opened:
+                if isinstance(f, int):
+                    os.close(f)
+                else:
+                    f.close()
+            if work:
+                shutil.rmtree(work, ignore_errors=True)
+            if uid_lock is not None:
+                iso.UidPool.release(uid_lock)
+
+
+def _read(f, limit: int) -> bytes:
+    f.seek(0)
+    return f.read(limit)
+
+
+def _killpg(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _kill_uid(uid: int) -> None:
+    """kill(-1) as the run's uid reaches exactly the processes that uid owns."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            os.kill(-1, signal.SIGKILL)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)

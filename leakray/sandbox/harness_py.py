@@ -1,0 +1,120 @@
+"""Runs inside the sandbox (stdlib + the test framework only): `python -I harness_py.py MODE RESULT_FD`.
+
+A pass is a line `LEAKRAY <token> passed` on RESULT_FD, written only after the tests ran to the end.
+The token is read from a file that is deleted before any untrusted code runs, and never printed, so
+the program cannot forge the line by printing, by reading files, by exiting early (`exit()`,
+`sys.exit`, `os._exit`: no line, or a `failed` line), or from an atexit hook (we leave with
+`os._exit` right after reporting, so hooks never run). What the token does not stop is a program
+that deliberately walks interpreter memory (gc, frames, /proc/self/mem) to find it; that needs
+process separation between program and tests, which HumanEval-style tests do not allow.
+"""
+
+import os
+import sys
+import traceback
+
+from posix import _exit as _EXIT  # bound before untrusted code can patch `os`
+from posix import write as _WRITE
+
+MODULE = "solution"
+
+
+def _reporter(token: bytes, fd: int):
+    def report(status: str, _w=_WRITE, _x=_EXIT, _t=token, _fd=fd) -> None:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except BaseException:  # a closed or replaced stream must not stop the report
+            pass
+        try:
+            _w(_fd, b"LEAKRAY " + _t + b" " + status.encode() + b"\n")
+        finally:
+            _x(0)
+    return report
+
+
+def _load(path: str, name: str):
+    import types
+
+    with open(path, encoding="utf-8") as fh:
+        source = fh.read()
+    code = compile(source, path, "exec")  # SyntaxError here is the harness's `error`
+    module = types.ModuleType(name)
+    module.__file__ = os.path.abspath(path)
+    sys.modules[name] = module  # dataclasses, pickle and unittest look modules up by name
+    return module, code
+
+
+def run_python(report) -> None:
+    module, code = _load(MODULE + ".py", MODULE)
+    exec(code, module.__dict__)  # program then tests: an exception anywhere is a failure
+    report("passed")
+
+
+def run_unittest(report) -> None:
+    import unittest
+
+    module, code = _load(MODULE + ".py", MODULE)
+    exec(code, module.__dict__)
+    suite = unittest.defaultTestLoader.loadTestsFromModule(module)
+    result = unittest.TextTestRunner(stream=sys.stderr, verbosity=1).run(suite)
+    ok = result.testsRun > 0 and result.wasSuccessful()
+    report("passed" if ok else "failed")
+
+
+def run_pytest(report) -> None:
+    import pytest
+
+    compile(open("test_solution.py", encoding="utf-8").read(), "test_solution.py", "exec")
+
+    class Tally:  # counts from pytest's own reports, not from its exit code
+        passed = failed = 0
+
+        def pytest_runtest_logreport(self, report):
+            if report.failed:
+                Tally.failed += 1
+            elif report.passed and report.when == "call":
+                Tally.passed += 1
+
+        def pytest_collectreport(self, report):
+            if report.failed:
+                Tally.failed += 1
+
+    code = pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:pastebin", "--rootdir", os.getcwd(),
+                        "-c", os.devnull, "test_solution.py"], plugins=[Tally()])
+    ok = int(code) == 0 and Tally.passed > 0 and Tally.failed == 0
+    report("passed" if ok else "failed")
+
+
+MODES = {"python": run_python, "unittest": run_unittest, "pytest": run_pytest}
+
+
+def main() -> None:
+    mode, fd = sys.argv[1], int(sys.argv[2])
+    with open(".leakray_token", "rb") as fh:
+        token = fh.read().strip()
+    os.unlink(".leakray_token")
+    del sys.argv[1:]  # the program sees a plain argv
+    sys.path[0] = os.getcwd()  # the work dir, not leakray's package dir, is the import root
+    sys.stdin = open(os.devnull)
+    report = _reporter(token, fd)
+    del token
+    try:
+        MODES[mode](report)
+    except SyntaxError:
+        traceback.print_exc()
+        report("error")
+    except MemoryError:
+        sys.stderr.write("MemoryError\n")
+        report("memory")
+    except BaseException:  # SystemExit included: exiting is not passing
+        try:
+            traceback.print_exc()
+        except BaseException:
+            pass
+        report("failed")
+    report("failed")  # unreachable unless a mode returned without reporting
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""What each runner puts in the work dir and runs there.
+
+A runner turns (program, tests) into files and a command line; `core` runs it under the
+isolation and reads the harness's verdict. `stdio` is judged by the host instead (see core)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import dataclass, field
+
+from leakray.sandbox import java as J
+from leakray.sandbox.config import SandboxConfig
+
+HARNESS_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness_py.py")
+COMPILE_ERROR_RC = 97  # the run script's exit code when javac refuses the sources
+
+
+class RunnerError(ValueError):
+    """The request cannot be run by this runner (reported as status `error`)."""
+
+
+@dataclass
+class Plan:
+    files: dict[str, str]
+    argv: list[str]  # "{fd}" is replaced by the result channel's fd number
+    memory_mb: int
+    wall_s: float
+    ro_binds: list[tuple[str, str]] = field(default_factory=list)
+
+
+def python_plan(mode: str, program: str, tests: str, cfg: SandboxConfig, timeout: float) -> Plan:
+    if mode == "pytest":  # NCB: tests use the program's names and `pytest` without importing either
+        files = {"test_solution.py": "import pytest\n" + program + "\n\n" + tests + "\n"}
+    else:
+        files = {"solution.py": program + "\n\n" + tests + "\n"}
+    return Plan(files, [cfg.python, "-I", HARNESS_PY, mode, "{fd}"], cfg.memory_mb, timeout)
+
+
+def _jvm_flags(cfg: SandboxConfig, prefix: str = "") -> list[str]:
+    # explicit sizes for every big reservation, so the JVM starts under RLIMIT_AS
+    flags = [f"-Xmx{cfg.java_heap_mb}m", "-Xss8m", "-XX:CompressedClassSpaceSize=64m",
+             "-XX:MaxMetaspaceSize=256m", "-XX:ReservedCodeCacheSize=64m", "-XX:+UseSerialGC",
+             "-XX:TieredStopAtLevel=1", "-XX:CICompilerCount=1", "-XX:-UsePerfData", "-Xshare:auto",
+             "-XX:ActiveProcessorCount=1"]
+    return [prefix + f for f in flags]
+
+
+def _java_bin(cfg: SandboxConfig, tool: str) -> str:
+    return os.path.join(cfg.java_home, "bin", tool) if cfg.java_home else tool
+
+
+def java_plan(mode: str, program: str, tests: str, cfg: SandboxConfig, timeout: float) -> Plan:
+    binds: list[tuple[str, str]] = []
+    if mode == "junit5":
+        jars = J.junit_jars(cfg.junit_classpath)
+        if not jars:
+            raise RunnerError("junit5 needs JUnit 5 jars: set LEAKRAY_JUNIT_CLASSPATH or SandboxConfig."
+                              "junit_classpath (none found in ~/.m2)")
+        binds = [(os.path.realpath(j), os.path.realpath(j)) for j in jars]
+        test_classes = J.type_names(tests)
+        if not test_classes:
+            raise RunnerError("no top-level class in the JUnit tests")
+        harness, cp, extra = J.JUNIT_HARNESS, ":".join(b[1] for b in binds), test_classes
+    else:
+        harness, cp, extra = J.MAIN_HARNESS, "", []
+    files = J.java_files(program, tests)
+    for name in ("LeakrayHarness.java", "LeakrayReport.java"):
+        if name in files:
+            raise RunnerError(f"the sources define a reserved type {name[:-5]}")
+    files["LeakrayHarness.java"] = harness
+    files["LeakrayReport.java"] = J.REPORT
+    javac = [_java_bin(cfg, "javac"), *_jvm_flags(cfg, "-J"), "-proc:none", "-nowarn", "-encoding",
+             "UTF-8", "-d", "classes"] + (["-cp", cp] if cp else []) + sorted(files)
+    java = [_java_bin(cfg, "java"), *_jvm_flags(cfg), "-cp", "classes" + (":" + cp if cp else ""),
+            "LeakrayHarness", "{fd}", *extra]
+    script = (f"{shlex.join(javac)} 1>&2 || exit {COMPILE_ERROR_RC}\n"
+              f"exec {shlex.join(java)}\n")
+    return Plan(files, ["/bin/sh", "-c", script], cfg.java_memory_mb, timeout + cfg.compile_grace_s, binds)
+
+
+def stdio_cases(tests: str) -> list[tuple[str, str]]:
+    """APPS-style {"inputs": [...], "outputs": [...]} -> [(stdin, expected stdout)]."""
+    try:
+        data = json.loads(tests)
+    except json.JSONDecodeError as exc:
+        raise RunnerError(f"stdio tests are not JSON ({exc.msg})") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("inputs"), list) \
+            or not isinstance(data.get("outputs"), list) or len(data["inputs"]) != len(data["outputs"]):
+        raise RunnerError("stdio tests need equal-length lists 'inputs' and 'outputs'")
+    if not data["inputs"]:
+        raise RunnerError("stdio tests have no cases")
+
+    def text(v) -> str:
+        return "\n".join(map(str, v)) if isinstance(v, list) else str(v)
+    return [(text(i), text(o)) for i, o in zip(data["inputs"], data["outputs"])]
+
+
+def _tokens(s: str) -> list[str]:
+    return s.split()
+
+
+def outputs_match(got: str, want: str) -> bool:
+    """APPS' leniency: trailing whitespace and blank lines never matter, then whitespace-split
+    tokens, then numbers within 1e-6."""
+    def lines(s: str) -> list[str]:
+        out = [ln.rstrip() for ln in s.replace("\r\n", "\n").split("\n")]
+        while out and not out[-1]:
+            out.pop()
+        return out
+    if lines(got) == lines(want):
+        return True
+    a, b = _tokens(got), _tokens(want)
+    if a == b:
+        return True
+    if len(a) != len(b):
+        return False
+    try:
+        return all(x == y or abs(float(x) - float(y)) <= 1e-6 * max(1.0, abs(float(y))) for x, y in zip(a, b))
+    except ValueError:
+        return False
