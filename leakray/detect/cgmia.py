@@ -138,6 +138,11 @@ def _head(in_dim: int, hidden: tuple[int, ...]) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+def _tensor(v: Any) -> torch.Tensor:
+    # numpy weights from a Ray return value are read-only; copy rather than alias them
+    return v if isinstance(v, torch.Tensor) else torch.from_numpy(np.array(v))
+
+
 def _seeds(seed: int) -> tuple[int, int, int]:
     """Independent streams for frozen init, head init and batch order, all from one seed."""
     a, b, c = np.random.SeedSequence(int(seed)).generate_state(3)
@@ -201,15 +206,17 @@ class CGMIADetector:
         return (self.predict_proba(arrays) >= threshold).astype(np.int8)
 
     # -- persistence ---------------------------------------------------------------
-    def state(self) -> dict[str, Any]:
-        """Everything needed to rebuild the detector, as plain objects (for Ray returns)."""
+    def state(self, numpy: bool = False) -> dict[str, Any]:
+        """Everything needed to rebuild the detector; ``numpy=True`` gives weights as numpy
+        arrays (Ray Train refuses torch tensors in a training function's return value)."""
+        conv = (lambda t: t.detach().cpu().numpy()) if numpy else (lambda t: t.detach().cpu())
         return {
             "format_version": FORMAT_VERSION, "config": self.config.to_dict(), "seed": self.seed,
             "k": self.k, "d": self.d, "expert_width": self.expert_width,
             "expert_keep": self.expert_keep.tolist(), "n_train": self.n_train, "history": self.history,
             "scaler_mean": self.scaler_mean, "scaler_scale": self.scaler_scale,
-            "frozen": {k: v.cpu() for k, v in self.frozen.state_dict().items()},
-            "head": {k: v.cpu() for k, v in self.head.state_dict().items()},
+            "frozen": {k: conv(v) for k, v in self.frozen.state_dict().items()},
+            "head": {k: conv(v) for k, v in self.head.state_dict().items()},
         }
 
     @classmethod
@@ -222,8 +229,8 @@ class CGMIADetector:
         det = cls(CGMIAConfig.from_dict(cfg), state["seed"], state["k"], state["d"],
                   state["expert_width"], np.asarray(state["expert_keep"], bool),
                   state["scaler_mean"], state["scaler_scale"])
-        det.frozen.load_state_dict(state["frozen"])
-        det.head.load_state_dict(state["head"])
+        det.frozen.load_state_dict({k: _tensor(v) for k, v in state["frozen"].items()})
+        det.head.load_state_dict({k: _tensor(v) for k, v in state["head"].items()})
         det.n_train, det.history = int(state["n_train"]), list(state["history"])
         return det
 
