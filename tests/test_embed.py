@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from leakray.errors import BadInput
-from leakray.features.embed import SlidingWindowEmbedder, embed_batch, windows
+from leakray.features.embed import EmbedBatchFn, SlidingWindowEmbedder, embed_batch, windows
 from leakray.schema import C
 
 torch.set_num_threads(1)
@@ -97,5 +97,7 @@ def test_minilm_and_embed_batch():
     assert gen.shape == (2, 2 * 384) and ref.shape == (2, 384)
     np.testing.assert_allclose(gen[0, :384], ref[0], atol=1e-5)  # same text, same vector
     np.testing.assert_allclose(gen[1, 384:], ref[0], atol=1e-5)
+    fn = EmbedBatchFn(gt.get_model_path(), k=2, batch_size=16)
+    np.testing.assert_allclose(np.stack(fn(batch)[C.REF_EMBEDDING]), ref, atol=1e-5)
     with pytest.raises(BadInput, match="row 1"):
         embed_batch({C.REFERENCE: ["a", "b"], C.COMPLETIONS: [["a", "b"], ["a"]]}, emb, k=2)

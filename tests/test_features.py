@@ -111,3 +111,23 @@ def test_score_batch_refuses_bad_rows(field, value):
     with pytest.raises(BadInput) as e:
         expert.score_batch(b)
     assert field in str(e.value)
+
+
+def test_score_batch_numpy_format_like_ray_data():
+    # Ray Data's numpy batches: object arrays of per-row arrays, or 2-D arrays for fixed lists
+    b = _batch()
+    nb = {C.REFERENCE: np.array(b[C.REFERENCE], dtype=object), C.LANGUAGE: np.array(b[C.LANGUAGE]),
+          C.COMPLETIONS: np.array([np.array(c, dtype=object) for c in b[C.COMPLETIONS]], dtype=object),
+          C.PERPLEXITY: np.array(b[C.PERPLEXITY]), C.PASSED: np.array(b[C.PASSED]),
+          C.HAS_TESTS: np.array(b[C.HAS_TESTS])}
+    np.testing.assert_allclose(np.stack(expert.score_batch(nb)[C.EXPERT]),
+                               np.stack(expert.score_batch(b)[C.EXPERT]))
+
+
+def test_no_dataflow_warning_is_dropped(caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        expert.codebleu("x", "x", "python")  # a reference without data-flow edges
+        logging.getLogger().warning("other warnings still pass")
+    assert [r.getMessage() for r in caplog.records] == ["other warnings still pass"]

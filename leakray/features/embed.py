@@ -129,3 +129,20 @@ def embed_batch(batch: Mapping[str, Any], embedder: SlidingWindowEmbedder, k: in
     out[C.GEN_EMBEDDING] = list(gen)
     out[C.REF_EMBEDDING] = list(vecs[n * k:])
     return out
+
+
+class EmbedBatchFn:
+    """Callable for an actor pool (e.g. Ray Data ``map_batches(EmbedBatchFn, fn_constructor_kwargs=...)``):
+    loads the encoder once per actor, then ``embed_batch`` per batch."""
+
+    def __init__(self, model_name_or_path: str, k: int, device: str = "cpu", num_threads: int | None = None,
+                 **embedder_kwargs: Any):
+        if num_threads is not None:
+            import torch
+
+            torch.set_num_threads(num_threads)
+        self.k = k
+        self.embedder = SlidingWindowEmbedder(model_name_or_path, device=device, **embedder_kwargs)
+
+    def __call__(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        return embed_batch(batch, self.embedder, self.k)
