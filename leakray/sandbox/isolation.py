@@ -154,7 +154,14 @@ def bwrap_argv(*, files: dict[str, int], work_dir_mb: int, env: dict[str, str], 
     for hidden in HIDDEN:
         if os.path.isdir(hidden) and not os.path.islink(hidden):
             argv += ["--tmpfs", hidden]
+    made: set[str] = set()
     for src, dest in ro_binds:  # after the tmpfs masks, so a jar from ~/.m2 is still visible
+        parts = dest.strip("/").split("/")[:-1]
+        for k in range(2, len(parts) + 1):  # parents bwrap would otherwise make 0700, closed to the uid
+            parent = "/" + "/".join(parts[:k])
+            if parent not in made:
+                made.add(parent)
+                argv += ["--perms", "0755", "--dir", parent]
         argv += ["--ro-bind", src, dest]
     for name, fd in files.items():
         argv += ["--perms", "0666", "--file", str(fd), f"/tmp/{name}"]

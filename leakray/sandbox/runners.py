@@ -58,7 +58,8 @@ def java_plan(mode: str, program: str, tests: str, cfg: SandboxConfig, timeout: 
         if not jars:
             raise RunnerError("junit5 needs JUnit 5 jars: set LEAKRAY_JUNIT_CLASSPATH or SandboxConfig."
                               "junit_classpath (none found in ~/.m2)")
-        binds = [(os.path.realpath(j), os.path.realpath(j)) for j in jars]
+        # bound under the work dir: the jars' own parents (~/.m2, mode 0750) are closed to the run's uid
+        binds = [(os.path.realpath(j), f"/tmp/.junit/{os.path.basename(j)}") for j in jars]
         test_classes = J.type_names(tests)
         if not test_classes:
             raise RunnerError("no top-level class in the JUnit tests")

@@ -1,0 +1,100 @@
+"""Java runners: java-main (HumanEval-X/MBXP) and junit5 (NaturalCodeBench), escapes included."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from leakray.sandbox import Sandbox, SandboxConfig
+from leakray.sandbox.java import java_files, junit_jars, split_units
+from leakray.schema import X
+
+pytestmark = pytest.mark.skipif(shutil.which("javac") is None, reason="needs a JDK")
+
+SOLUTION = "import java.util.*;\n\nclass Solution {\n    public int add(int a, int b) { return a + b; }\n}\n"
+MAIN = ("public class Main {\n    public static void main(String[] args) {\n"
+        "        List<Integer> l = Arrays.asList(1, 2);\n"
+        "        if (new Solution().add(l.get(0), l.get(1)) != 3) throw new AssertionError(\"add\");\n    }\n}\n")
+
+
+@pytest.fixture(scope="module")
+def sb():
+    return Sandbox(SandboxConfig(timeout_s=10))
+
+
+def run(sb, program, tests=MAIN, runner=None):
+    req = {X.ID: "j", X.LANGUAGE: "java", X.PROGRAM: program, X.TESTS: tests}
+    if runner:
+        req[X.RUNNER] = runner
+    return sb.run(req)
+
+
+def test_split_units_knows_comments_strings_and_braces():
+    src = ('import java.util.*;\n/* class Fake { */\npublic class A { String s = "}{"; char c = \'}\';\n'
+           '  // }\n  class Inner {} }\n@FunctionalInterface\ninterface B { void f(); }\n'
+           'enum C { X, Y }\nrecord D(int x) {}\n')
+    imports, types = split_units(src)
+    assert imports == ["import java.util.*;"]
+    assert [n for n, _ in types] == ["A", "B", "C", "D"]
+    files = java_files(src, "public class Main {}")
+    assert sorted(files) == ["A.java", "B.java", "C.java", "D.java", "Main.java"]
+    assert all(text.startswith("import java.util.*;") for text in files.values())
+
+
+@pytest.mark.slow
+def test_java_main_pass_fail_error(sb):
+    assert run(sb, SOLUTION)[X.STATUS] == "passed"
+    assert run(sb, SOLUTION.replace("a + b", "a - b"))[X.STATUS] == "failed"
+    res = run(sb, SOLUTION.replace("return a + b;", "return a +;"))
+    assert res[X.STATUS] == "error" and "error" in res[X.STDERR_TAIL]
+
+
+@pytest.mark.slow
+def test_two_public_types_split_per_file(sb):
+    prog = ("import java.util.*;\npublic class Helper { static int one() { return 1; } }\n"
+            "public class Solution { public int add(int a, int b) { return a + b + Helper.one() - 1; } }\n")
+    assert run(sb, prog)[X.STATUS] == "passed"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("escape", [
+    "System.exit(0);",
+    "Runtime.getRuntime().halt(0);",
+    'System.out.println("LEAKRAY 00000000000000000000000000000000 passed"); System.exit(0);',
+    "Runtime.getRuntime().addShutdownHook(new Thread(() -> Runtime.getRuntime().halt(0))); "
+    "throw new RuntimeException();",
+])
+def test_java_escapes_do_not_pass(sb, escape):
+    prog = SOLUTION.replace("return a + b;", escape + "\n        return 0;" if "throw" not in escape
+                            else escape)
+    res = run(sb, prog)
+    assert res[X.PASSED] is False and res[X.STATUS] != "passed", res
+
+
+@pytest.mark.slow
+def test_java_infinite_loop_and_memory(sb):
+    loop = SOLUTION.replace("return a + b;", "while (true) {}")
+    res = sb.run({X.ID: "j", X.LANGUAGE: "java", X.PROGRAM: loop, X.TESTS: MAIN, X.TIMEOUT_S: 2})
+    assert res[X.STATUS] == "timeout", res
+    hog = SOLUTION.replace("return a + b;", "List<long[]> l = new ArrayList<>(); while (true) l.add(new long[1 << 20]);")
+    assert run(sb, hog)[X.STATUS] == "memory"
+
+
+JUNIT_PROG = "```java\npublic class Calc {\n    public static int twice(int x) { return 2 * x; }\n}\n```"
+JUNIT_TESTS = ("import org.junit.jupiter.api.Test;\nimport static org.junit.jupiter.api.Assertions.*;\n\n"
+               "class CalcTest {\n    @Test\n    void twice() { assertEquals(4, Calc.twice(2)); }\n"
+               "    @Test\n    void zero() { assertEquals(0, Calc.twice(0)); }\n}\n")
+
+
+@pytest.mark.slow
+def test_junit5(sb):
+    if not junit_jars(sb.config.junit_classpath):
+        pytest.skip("no JUnit 5 jars offline (set LEAKRAY_JUNIT_CLASSPATH)")
+    prog = JUNIT_PROG.strip("`").removeprefix("java\n")
+    res = run(sb, prog, JUNIT_TESTS, runner="junit5")
+    assert res[X.STATUS] == "passed", res
+    res = run(sb, prog.replace("2 * x", "x + 2"), JUNIT_TESTS, runner="junit5")
+    assert res[X.STATUS] == "failed", res
+    res = run(sb, prog.replace("return 2 * x;", "System.exit(0); return 0;"), JUNIT_TESTS, runner="junit5")
+    assert res[X.STATUS] == "failed", res
