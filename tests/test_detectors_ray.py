@@ -37,6 +37,23 @@ def test_evaluate_detectors_plain():
     np.testing.assert_allclose(rows.column(S.SCORE).to_numpy(), det.predict_proba(arrays_from_table(target)))
 
 
+def test_evaluate_with_ray_train_flag_routes_through_ray(monkeypatch):
+    # the Ray run itself is covered by the slow test; here only the wiring (one Ray run costs ~25 s)
+    import leakray.pipelines.detectors as mod
+
+    calls = []
+
+    def fake(table, config, seed, storage_path=None):
+        calls.append((seed, storage_path))
+        return fit(arrays_from_table(table), config, seed, progress=False)
+
+    monkeypatch.setattr(mod, "train_cgmia_on_ray", fake)
+    shadow, target = synthetic_collection(n=60, seed=1), synthetic_collection(n=40, seed=2, prefix="u")
+    res = evaluate_detectors(shadow, target, FAST, seeds=[3, 4], use_ray_train=True, storage_path="/x",
+                             baselines=())
+    assert calls == [(3, "/x"), (4, "/x")] and set(res["per_seed"]) == {CGMIA}
+
+
 def test_evaluate_refuses_overlap_and_unlabelled():
     shadow = synthetic_collection(n=40, seed=1)
     with pytest.raises(BadInput, match="both shadow and target"):
@@ -58,15 +75,18 @@ def test_train_cgmia_on_ray(tmp_path):
     shadow = synthetic_collection(n=80, seed=1)
     target = arrays_from_table(synthetic_collection(n=60, seed=2, prefix="u"))
     cfg = CGMIAConfig(epochs=3, expert_proj_dim=64, hidden=(32,), lr=1e-3, batch_size=32)
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         det = train_cgmia_on_ray(shadow, cfg, seed=5, storage_path=tmp_path / "ray")
         with pytest.raises(BadInput):
             train_cgmia_on_ray(shadow, cfg, seed=5, num_workers=2)
     finally:
-        ray.shutdown()
+        if started:
+            ray.shutdown()
     local = fit(arrays_from_table(shadow), cfg, seed=5, progress=False)
     assert det.seed == 5 and len(det.history) == 3
     # same seed, same data: the Ray run trains the very same detector
     np.testing.assert_allclose(det.predict_proba(target), local.predict_proba(target), atol=1e-6)
-    assert any((tmp_path / "ray").iterdir())
+    assert len(list((tmp_path / "ray").iterdir())) == 1  # the run directory
