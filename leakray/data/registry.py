@@ -31,6 +31,22 @@ def _builtin() -> None:
              signature=("task_id", "prompt", "canonical_solution", "test", "entry_point"))
     register("mbpp", read_mbpp, signature=("task_id", "text", "code", "test_list"))
 
+    from leakray.data.apps import read_apps
+    from leakray.data.classeval import read_classeval
+    from leakray.data.evocodebench import read_evocodebench
+    from leakray.data.humaneval_x import read_humaneval_x
+    from leakray.data.mbxp import read_mbxp
+    from leakray.data.naturalcodebench import read_naturalcodebench
+
+    register("humaneval-x", read_humaneval_x,
+             signature=("task_id", "prompt", "canonical_solution", "test", "declaration", "example_test"))
+    register("mbxp", read_mbxp,
+             signature=("task_id", "prompt", "canonical_solution", "test", "entry_point", "description", "language"))
+    register("naturalcodebench", read_naturalcodebench, signature=("_id", "prompt", "reference_solution", "testcases"))
+    register("evocodebench", read_evocodebench, signature=("namespace", "prompt", "solution"))
+    register("classeval", read_classeval, signature=("task_id", "skeleton", "solution_code", "test", "class_name"))
+    register("apps", read_apps, signature=("problem_id", "question", "solutions", "input_output"))
+
 
 _builtin()
 
