@@ -10,6 +10,8 @@ Conventions
   randomised classifier between two thresholds (and the "random tie-break" reading of
   tied scores), so the value is achievable, never optimistic. With few negatives
   (a < 1/n_neg) it is an interpolation between FPR 0 and the first false positive.
+- Keys: tp fp tn fn n n_pos n_neg accuracy precision recall f1 mcc auc pr_auc
+  tpr_at_1fpr tpr_at_5fpr (TPR at 1% / 5% FPR) roc_curve pr_curve reasons.
 - Undefined quantities are NaN with the reason in ``reasons`` (one class only, no
   predicted positives); nothing raises on a degenerate split.
 """
@@ -103,7 +105,7 @@ def binary_metrics(y_true, score, pred) -> dict[str, Any]:
 
     if n_pos == 0 or n_neg == 0:
         why = f"one class only (n_pos={n_pos}, n_neg={n_neg})"
-        for key in ("auc", "pr_auc", *(f"tpr_at_{_pct(a)}_fpr" for a in FPR_TARGETS)):
+        for key in ("auc", "pr_auc", *(f"tpr_at_{_pct(a)}fpr" for a in FPR_TARGETS)):
             out[key] = nan
             reasons[key] = why
         out["roc_curve"] = {"fpr": [], "tpr": [], "threshold": []}
@@ -112,7 +114,7 @@ def binary_metrics(y_true, score, pred) -> dict[str, Any]:
         out["auc"] = float(roc_auc_score(y, s))
         fpr, tpr, thr = roc_curve(y, s, drop_intermediate=False)
         for a in FPR_TARGETS:
-            out[f"tpr_at_{_pct(a)}_fpr"] = tpr_at_fpr(fpr, tpr, a)
+            out[f"tpr_at_{_pct(a)}fpr"] = tpr_at_fpr(fpr, tpr, a)
         prec, rec, pthr = precision_recall_curve(y, s)
         # step-wise average precision over the curve (sklearn's PR-AUC convention)
         out["pr_auc"] = float(-np.sum(np.diff(rec) * prec[:-1]))
@@ -127,26 +129,31 @@ def binary_metrics(y_true, score, pred) -> dict[str, Any]:
 
 
 def _pct(a: float) -> str:
-    return f"{a * 100:g}pct"
+    return f"{a * 100:g}"  # tpr_at_1fpr = TPR at 1% FPR, tpr_at_5fpr = TPR at 5% FPR
 
 
 def median_over_repeats(results: list[Mapping[str, Any]]) -> dict[str, Any]:
-    """Median, min and max of every numeric scalar field over repeats (e.g. seeds).
+    """Median of every numeric scalar field over repeats (e.g. seeds), flat like one result.
 
-    NaN repeats are left out of the statistics and counted in ``n_nan[field]``; a field
-    NaN in every repeat stays NaN. Curves and non-numeric fields are skipped.
+    ``out[f]`` is the median, ``out[f + "_min"]`` / ``out[f + "_max"]`` the range,
+    ``out["n_repeats"]`` the number of repeats. NaN repeats are left out of the
+    statistics and counted in ``out["n_nan"][f]``; a field NaN in every repeat stays NaN.
+    Curves and non-numeric fields are skipped.
     """
     if not results:
         raise BadInput("no repeats to summarise")
     keys = [k for k, v in results[0].items()
             if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)]
-    med, lo, hi, n_nan = {}, {}, {}, {}
+    out: dict[str, Any] = {}
+    n_nan: dict[str, int] = {}
     for key in keys:
         vals = np.array([float(r.get(key, np.nan)) for r in results])
         ok = vals[~np.isnan(vals)]
         if len(ok) < len(vals):
             n_nan[key] = int(len(vals) - len(ok))
-        med[key] = float(np.median(ok)) if len(ok) else float("nan")
-        lo[key] = float(ok.min()) if len(ok) else float("nan")
-        hi[key] = float(ok.max()) if len(ok) else float("nan")
-    return {"median": med, "min": lo, "max": hi, "n_nan": n_nan, "n_repeats": len(results)}
+        out[key] = float(np.median(ok)) if len(ok) else float("nan")
+        out[key + "_min"] = float(ok.min()) if len(ok) else float("nan")
+        out[key + "_max"] = float(ok.max()) if len(ok) else float("nan")
+    out["n_repeats"] = len(results)
+    out["n_nan"] = n_nan
+    return out
