@@ -41,7 +41,7 @@ class SandboxActor:
             for col in REQUEST_COLUMNS:
                 if col in batch:
                     value = _plain(batch[col][i])
-                    if value is not None and value != "":
+                    if value is not None and not (col == X.RUNNER and value == ""):  # "" runner: default
                         req[col] = value
             requests.append(req)
         results = self.sandbox.run_many(requests, workers=self.threads)
