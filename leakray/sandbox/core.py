@@ -49,6 +49,10 @@ class Sandbox:
         self.config = config or SandboxConfig()
         self.isolation = iso.detect(self.config.isolation, self.config.uid_base)
         self._uids = iso.UidPool(self.config.uid_base) if os.geteuid() == 0 else None
+        if self._uids and self.isolation != iso.BWRAP and not iso.uid_can_run(self.config.python, self.config.uid_base):
+            iso.warn_once("root", f"leakray sandbox: uid {self.config.uid_base} cannot run {self.config.python} "
+                                  "(no bubblewrap to show it a hidden install); programs run AS ROOT")
+            self._uids = None
         # the interpreter may live under a hidden directory (pyenv in /root): show it again, read-only
         self._exposed = iso.exposed_paths([self.config.python])
 
@@ -191,14 +195,14 @@ class Sandbox:
                     for path in [work] + [os.path.join(work, f) for f in files]:
                         os.chown(path, uid, uid)
                 env = iso.sandbox_env(home=work)
-                full = (iso._unshare_prefix() if self.isolation == iso.UNSHARE else []) + argv
+                full = (iso._unshare_prefix() + iso.drop_prefix(uid) if self.isolation == iso.UNSHARE else []) + argv
                 cwd = work
             start = time.monotonic()
             proc = subprocess.Popen(
                 full, stdin=stdin_f, stdout=out, stderr=err, cwd=cwd, env=env, pass_fds=pass_fds,
                 preexec_fn=iso.preexec(uid=uid, memory_mb=memory_mb, cpu_s=wall_s,
                                        max_procs=cfg.max_procs, max_file_bytes=cfg.max_output_bytes,
-                                       drop=self.isolation != iso.BWRAP))
+                                       drop=self.isolation == iso.NONE))
             timed_out = threading.Event()
 
             def kill():

@@ -57,17 +57,28 @@ def detect(requested: str = "auto", uid_base: int = 200000) -> str:
             kind = UNSHARE
         else:
             kind = NONE
-        if kind != BWRAP and kind not in _warned:
-            _warned.add(kind)
+        if kind != BWRAP:
             what = {UNSHARE: "`unshare -n` + rlimits: no network, but the host filesystem is visible "
                              "and writable wherever the sandbox uid may write",
                     NONE: "rlimits only: NETWORK AND HOST FILESYSTEM ARE REACHABLE"}[kind]
             msg = (f"leakray sandbox: bubblewrap {'not requested' if requested not in ('auto', BWRAP) else 'unavailable'}"
                    f"; falling back to {what}. Install bubblewrap (apt-get install bubblewrap) for real isolation.")
-            log.warning(msg)
-            print("!" * 78 + "\n" + msg + "\n" + "!" * 78, file=sys.stderr, flush=True)
+            warn_once(kind, msg)
         _detected[key] = kind
         return kind
+
+
+def warn_once(key: str, msg: str) -> None:
+    """Loud, once per process: weaker isolation must never go unnoticed."""
+    if key in _warned:
+        return
+    _warned.add(key)
+    log.info(msg)  # the banner below is the loud copy; logging's last-resort handler would double it
+    print("!" * 78 + "\n" + msg + "\n" + "!" * 78, file=sys.stderr, flush=True)
+
+
+def uid_can_run(python: str, uid: int) -> bool:
+    return _probe([python, "-I", "-c", "pass"], _drop_privileges(uid))
 
 
 def _unshare_prefix() -> list[str]:
