@@ -43,15 +43,29 @@ def test_evaluate_with_ray_train_flag_routes_through_ray(monkeypatch):
 
     calls = []
 
-    def fake(table, config, seed, storage_path=None):
-        calls.append((seed, storage_path))
-        return fit(arrays_from_table(table), config, seed, progress=False)
+    def fake(table, config, seeds, storage_path=None):
+        calls.append((seeds, storage_path))
+        return [fit(arrays_from_table(table), config, seed, progress=False) for seed in seeds]
 
-    monkeypatch.setattr(mod, "train_cgmia_on_ray", fake)
+    monkeypatch.setattr(mod, "train_cgmia_seeds_on_ray", fake)
     shadow, target = synthetic_collection(n=60, seed=1), synthetic_collection(n=40, seed=2, prefix="u")
     res = evaluate_detectors(shadow, target, FAST, seeds=[3, 4], use_ray_train=True, storage_path="/x",
                              baselines=())
-    assert calls == [(3, "/x"), (4, "/x")] and set(res["per_seed"]) == {CGMIA}
+    assert calls == [([3, 4], "/x")] and set(res["per_seed"]) == {CGMIA}
+
+
+def test_train_cgmia_on_ray_is_one_seed_of_the_seeds_run(monkeypatch):
+    import leakray.pipelines.detectors as mod
+
+    seen = {}
+
+    def fake(table, config, seeds, num_workers=1, storage_path=None, run_name=None):
+        seen.update(seeds=seeds, storage_path=storage_path, run_name=run_name)
+        return ["det"]
+
+    monkeypatch.setattr(mod, "train_cgmia_seeds_on_ray", fake)
+    assert mod.train_cgmia_on_ray(None, FAST, seed=9, storage_path="/s", run_name="r") == "det"
+    assert seen == {"seeds": [9], "storage_path": "/s", "run_name": "r"}
 
 
 def test_evaluate_refuses_overlap_and_unlabelled():
@@ -70,7 +84,7 @@ def test_evaluate_refuses_overlap_and_unlabelled():
 def test_train_cgmia_on_ray(tmp_path):
     import ray
 
-    from leakray.pipelines.detectors import train_cgmia_on_ray
+    from leakray.pipelines.detectors import train_cgmia_seeds_on_ray
 
     shadow = synthetic_collection(n=80, seed=1)
     target = arrays_from_table(synthetic_collection(n=60, seed=2, prefix="u"))
@@ -79,14 +93,16 @@ def test_train_cgmia_on_ray(tmp_path):
     if started:
         ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
-        det = train_cgmia_on_ray(shadow, cfg, seed=5, storage_path=tmp_path / "ray")
+        # one Ray Train run only: each run costs 25-60 s of start-up on a shared 2-core box
+        two = train_cgmia_seeds_on_ray(shadow, cfg, seeds=[5, 6], storage_path=tmp_path / "ray")
         with pytest.raises(BadInput):
-            train_cgmia_on_ray(shadow, cfg, seed=5, num_workers=2)
+            train_cgmia_seeds_on_ray(shadow, cfg, seeds=[5], num_workers=2)
     finally:
         if started:
             ray.shutdown()
     local = fit(arrays_from_table(shadow), cfg, seed=5, progress=False)
-    assert det.seed == 5 and len(det.history) == 3
+    assert [d.seed for d in two] == [5, 6] and len(two[0].history) == 3
     # same seed, same data: the Ray run trains the very same detector
-    np.testing.assert_allclose(det.predict_proba(target), local.predict_proba(target), atol=1e-6)
+    np.testing.assert_allclose(two[0].predict_proba(target), local.predict_proba(target), atol=1e-6)
     assert len(list((tmp_path / "ray").iterdir())) == 1  # the run directory
+    assert two[1].seed == 6 and not np.allclose(two[1].predict_proba(target), local.predict_proba(target))

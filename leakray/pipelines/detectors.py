@@ -37,25 +37,31 @@ SCORES_SCHEMA = pa.schema([
 ])
 
 
-def _train_loop(loop_config: dict) -> dict:
+def _train_loop(loop_config: dict) -> list[dict]:
     # Runs on the Ray Train worker. The arrays arrive as an object ref, not pickled
     # into the config, so the driver's copy is shared through the object store.
     import ray.train
 
     arrays = ray.get(loop_config["arrays"])
-    det = fit(arrays, CGMIAConfig.from_dict(loop_config["config"]), loop_config["seed"],
-              progress=False, report=lambda epoch, metrics: ray.train.report(metrics))
-    return det.state(numpy=True)
+    config = CGMIAConfig.from_dict(loop_config["config"])
+    states = []
+    for seed in loop_config["seeds"]:
+        det = fit(arrays, config, seed, progress=False,
+                  report=lambda epoch, metrics, seed=seed: ray.train.report({**metrics, "seed": seed}))
+        states.append(det.state(numpy=True))
+    return states
 
 
-def train_cgmia_on_ray(train_table: pa.Table, config: CGMIAConfig | None = None, seed: int = 0,
-                       num_workers: int = 1, storage_path: str | os.PathLike | None = None,
-                       run_name: str | None = None) -> CGMIADetector:
-    """Train CGMIA on a labelled collection as one Ray Train (TorchTrainer) run.
+def train_cgmia_seeds_on_ray(train_table: pa.Table, config: CGMIAConfig | None = None,
+                             seeds: Iterable[int] = (0,), num_workers: int = 1,
+                             storage_path: str | os.PathLike | None = None,
+                             run_name: str | None = None) -> list[CGMIADetector]:
+    """Train one CGMIA detector per seed on a labelled collection, in one Ray Train run.
 
-    ``num_workers`` must be 1: only the small FFN trains (frozen parts are computed
-    once), so data parallelism would cost more in all-reduce than it saves; run seeds
-    side by side instead. ``storage_path`` receives Ray Train's run directory.
+    One run for all seeds because starting a run costs more than training (seconds for
+    the FFN; the frozen parts are computed once per seed). ``num_workers`` must be 1:
+    data parallelism would cost more in all-reduce than it saves. ``storage_path``
+    receives Ray Train's run directory.
     """
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -63,23 +69,34 @@ def train_cgmia_on_ray(train_table: pa.Table, config: CGMIAConfig | None = None,
     if num_workers != 1:
         raise BadInput(f"num_workers={num_workers}: CGMIA trains on one worker (see docstring)")
     config = config or CGMIAConfig()
+    seeds = [int(s) for s in seeds]
+    if not seeds:
+        raise BadInput("no seeds given")
     if not ray.is_initialized():
         raise BadInput("Ray is not initialised; call ray.init() (or connect to a cluster) first")
     storage = Path(storage_path or Path(tempfile.gettempdir()) / "leakray-ray-train").resolve()
     arrays_ref = ray.put(arrays_from_table(train_table))
+    name = run_name or f"cgmia-seeds{'-'.join(map(str, seeds[:4]))}-{uuid.uuid4().hex[:8]}"
     trainer = TorchTrainer(
         _train_loop,
-        train_loop_config={"arrays": arrays_ref, "config": config.to_dict(), "seed": int(seed)},
+        train_loop_config={"arrays": arrays_ref, "config": config.to_dict(), "seeds": seeds},
         scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=config.device.startswith("cuda")),
-        run_config=RunConfig(storage_path=str(storage),
-                             name=run_name or f"cgmia-seed{seed}-{uuid.uuid4().hex[:8]}"),
+        run_config=RunConfig(storage_path=str(storage), name=name),
     )
     result = trainer.fit()
     if result.error is not None:
         raise result.error
-    if result.return_value is None:
-        raise RuntimeError(f"Ray Train run in {result.path} returned no detector state")
-    return CGMIADetector.from_state(result.return_value, device=config.device)
+    if not result.return_value or len(result.return_value) != len(seeds):
+        raise RuntimeError(f"Ray Train run in {result.path} returned no detector states")
+    return [CGMIADetector.from_state(st, device=config.device) for st in result.return_value]
+
+
+def train_cgmia_on_ray(train_table: pa.Table, config: CGMIAConfig | None = None, seed: int = 0,
+                       num_workers: int = 1, storage_path: str | os.PathLike | None = None,
+                       run_name: str | None = None) -> CGMIADetector:
+    """Train CGMIA on a labelled collection as one Ray Train (TorchTrainer) run."""
+    return train_cgmia_seeds_on_ray(train_table, config, [seed], num_workers=num_workers,
+                                    storage_path=storage_path, run_name=run_name)[0]
 
 
 def _keys(table: pa.Table) -> list[tuple[str, str]]:
@@ -105,6 +122,8 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
                        baselines: Iterable[str] = tuple(BASELINES), progress: bool = False
                        ) -> dict[str, Any]:
     """Train CGMIA on the shadow collection per seed, score the target, compare with baselines.
+
+    With ``use_ray_train`` all seeds train in one Ray Train run (Ray must be initialised).
 
     Returns ``{"per_seed": {detector: [metrics, ...]}, "median": {detector: median_over_repeats},
     "seeds": [...], "scores": pa.Table (SCORES_SCHEMA, one row per task per detector per seed)}``.
@@ -137,11 +156,11 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
             S.PREDICTION: np.asarray(pred, np.int8), S.MEMBER: y,
         }, schema=SCORES_SCHEMA))
 
-    for seed in seeds:
-        if use_ray_train:
-            det = train_cgmia_on_ray(shadow_table, config, seed, storage_path=storage_path)
-        else:
-            det = fit(shadow_arrays, config, seed, progress=progress)
+    if use_ray_train:
+        detectors = train_cgmia_seeds_on_ray(shadow_table, config, seeds, storage_path=storage_path)
+    else:
+        detectors = [fit(shadow_arrays, config, seed, progress=progress) for seed in seeds]
+    for seed, det in zip(seeds, detectors):
         proba = det.predict_proba(target_arrays)
         pred = (proba >= 0.5).astype(np.int8)
         per_seed[CGMIA].append(binary_metrics(y, proba, pred))  # aligned with "seeds"
