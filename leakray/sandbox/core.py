@@ -184,7 +184,7 @@ class Sandbox:
                     fds[name] = fd
                 pass_fds += list(fds.values())
                 full = iso.bwrap_argv(files=fds, work_dir_mb=cfg.work_dir_mb, env=env,
-                                      ro_binds=self._exposed + list(ro_binds)) + iso.drop_prefix(uid) + argv
+                                      ro_binds=self._exposed + list(ro_binds)) + iso.drop_prefix(uid, cfg.max_procs) + argv
                 cwd = "/"
             else:
                 work = tempfile.mkdtemp(prefix="leakray-run-")

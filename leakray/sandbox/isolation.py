@@ -113,9 +113,13 @@ class UidPool:
         os.close(fd)  # closing drops the flock
 
 
-def drop_prefix(uid: int | None) -> list[str]:
-    """Inside a privileged bwrap: become `uid` with no capabilities before the program starts."""
-    if uid is None or os.geteuid() != 0:
+def drop_prefix(uid: int | None, max_procs: int | None = None) -> list[str]:
+    """Inside bwrap, before the program starts. As root: become `uid` with no capabilities.
+    Otherwise: set the process limit only now, inside the new user namespace, where the kernel
+    counts this sandbox's processes alone (set outside, it would count all of ours)."""
+    if os.geteuid() != 0:
+        return ["prlimit", f"--nproc={max_procs}", "--"] if max_procs and shutil.which("prlimit") else []
+    if uid is None:
         return []
     return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
             "--bounding-set=-all", "--no-new-privs", "--"]
