@@ -402,3 +402,14 @@ def test_run_many_keeps_order(sb):
     res = sb.run_many(reqs, workers=3)
     assert [r[X.ID] for r in res] == [str(i) for i in range(6)]
     assert [r[X.PASSED] for r in res] == [bool(i % 2) for i in range(6)]
+
+
+@pytest.mark.parametrize("patch", [
+    "unittest.TestCase.assertEqual = lambda self, *a, **k: None",
+    "unittest.TestResult.wasSuccessful = lambda self: True",
+    "unittest.TestCase.run = lambda self, result=None: None",
+])
+def test_patching_unittest_does_not_pass(sb, patch):
+    tests = ("import unittest\nclass T(unittest.TestCase):\n"
+             "    def test_a(self):\n        self.assertEqual(add(1, 2), 4)\n")
+    assert_not_passed(run(sb, GOOD + "import unittest\n" + patch + "\n", tests, runner="unittest"))

@@ -51,11 +51,28 @@ def run_python(report) -> None:
     report("passed")
 
 
+def _snapshot(classes):
+    return [(cls, dict(vars(cls))) for cls in classes]
+
+
+def _restore(snapshot) -> None:
+    """Undo monkeypatching of the framework (a no-op assertEqual, an always-true wasSuccessful)."""
+    for cls, attrs in snapshot:
+        for name in [n for n in vars(cls) if n not in attrs]:
+            delattr(cls, name)
+        for name, value in attrs.items():
+            if name not in ("__dict__", "__weakref__") and vars(cls).get(name) is not value:
+                setattr(cls, name, value)
+
+
 def run_unittest(report) -> None:
     import unittest
 
+    framework = _snapshot([unittest.TestCase, unittest.TestResult, unittest.TextTestResult, unittest.TestSuite,
+                           unittest.TestLoader, unittest.TextTestRunner])
     module, code = _load(MODULE + ".py", MODULE)
     exec(code, module.__dict__)
+    _restore(framework)
     suite = unittest.defaultTestLoader.loadTestsFromModule(module)
     result = unittest.TextTestRunner(stream=sys.stderr, verbosity=1).run(suite)
     ok = result.testsRun > 0 and result.wasSuccessful()
