@@ -87,3 +87,73 @@ def test_lora_trains_a_fraction_and_saves_a_merged_model(tiny_lm, tmp_path):
 def test_bad_method_refused():
     with pytest.raises(ValueError, match="full.*lora"):
         FinetuneConfig(method="qlora")
+
+
+class _FakeTok:
+    """Character-level stand-in: one token per character."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i) for i in ids)
+
+    def __call__(self, text):
+        return {"input_ids": [ord(c) for c in text]}
+
+
+class _FakeLLM:
+    """Answers like vllm.LLM.generate: per-token {token_id: logprob} dicts."""
+
+    def __init__(self, completions):
+        self.completions, self.seen = completions, []
+
+    def get_tokenizer(self):
+        return _FakeTok()
+
+    def generate(self, prompts, params, use_tqdm=False):
+        from types import SimpleNamespace as NS
+
+        self.seen.append(params)
+        out = []
+        for p in prompts:
+            if isinstance(params, dict) and params.get("prompt_logprobs") == 0:
+                ids = [ord(c) for c in p]
+                out.append(NS(prompt_token_ids=ids, prompt_logprobs=[None] + [{t: -1.0} for t in ids[1:]]))
+                continue
+            comps = [NS(text=t, token_ids=[ord(c) for c in t], logprobs=[{ord(c): -0.5} for c in t])
+                     for t in self.completions]
+            out.append(NS(outputs=comps))
+        return out
+
+
+def test_vllm_sampler_request_handling_without_a_gpu(monkeypatch):
+    from leakray.models.vllm_sampler import VLLMSampler
+
+    monkeypatch.setattr(VLLMSampler, "_params", lambda self, **kw: kw)
+    llm = _FakeLLM(["  return 1;\n }\n}\nclass X {}\n", "  return 2;\n"])
+    s = VLLMSampler("m", SampleConfig(k=2, seed=5), llm=llm)
+    prompt = "class A {\n public int f() {\n"
+    (out,) = s.sample([prompt], ["java"], ["Java/0"])
+    assert out.completions[0] == "  return 1;\n }\n}\n" and "class X" not in out.completions[0]
+    assert out.n_tokens[0] == len("  return 1;\n }\n}") and out.perplexity[0] == pytest.approx(math.exp(0.5))
+    assert llm.seen[0][0]["n"] == 2 and llm.seen[0][0]["logprobs"] == 0
+    again = VLLMSampler("m", SampleConfig(k=2, seed=5), llm=_FakeLLM(["x"]))
+    again.sample([prompt], ["java"], ["Java/0"])
+    assert again.llm.seen[0][0]["seed"] == llm.seen[0][0]["seed"]  # per-task seed
+    (loss,) = s.reference_loss(["ab"], ["abcd"])
+    assert loss == pytest.approx(1.0)
+
+
+def test_missing_vllm_names_the_extra(monkeypatch):
+    import builtins
+
+    from leakray.models.vllm_sampler import VLLMSampler
+
+    real = builtins.__import__
+
+    def fake_import(name, *a, **kw):
+        if name == "vllm":
+            raise ImportError("no vllm")
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    with pytest.raises(ImportError, match=r"pip install 'leakray\[vllm\]'"):
+        VLLMSampler("m", SampleConfig())

@@ -6,7 +6,7 @@ import argparse
 
 # A smoke-sized protocol: minutes, not a measurement (tests and first looks).
 QUICK = [
-    "benchmark.limit=24", "model.tiny.pretrain_seconds=30", "target.epochs=3", "shadow.epochs=3",
+    "benchmark.limit=24", "model.tiny.max_steps=30", "target.epochs=3", "shadow.epochs=3",
     "sample.k=2", "sample.max_new_tokens=48", "detect.seeds=[0]", "detect.cgmia.epochs=5",
 ]
 

@@ -15,6 +15,9 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         ray.init(address=address or os.environ["RAY_ADDRESS"], **kwargs)
     else:
         ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
+        # Ray Train's helper actors look the cluster up by address; with several local
+        # instances on one machine (parallel test runs) auto-discovery is ambiguous.
+        os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
     from ray.data import DataContext
 
     DataContext.get_current().enable_progress_bars = True

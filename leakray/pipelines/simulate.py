@@ -92,7 +92,7 @@ def run_simulation(cfg: dict) -> Path:
     _say(f"run directory {run_dir} ({len(tasks)} tasks)")
     ray_cfg = cfg.get("ray", {})
     ensure_ray(ray_cfg.get("address"))
-    timings: dict[str, float] = {}
+    timings: dict[str, float] = {}  # beyond the per-stage markers
 
     # 1. folds, by task, seeded
     stage = Stage(run_dir, "folds")
@@ -101,7 +101,6 @@ def run_simulation(cfg: dict) -> Path:
         write_json_atomic(stage.dir / "folds.json", folds)
         stage.finish(sizes=[sum(1 for f in folds.values() if f == i) for i in range(bench.get("folds", 4))])
     folds = json.loads((stage.dir / "folds.json").read_text())
-    timings["folds"] = stage.info()["seconds"]
     by_fold = {i: [t for t in tasks if folds[t[T.TASK_ID]] == i] for i in range(4)}
 
     # 2. base model (cached across runs)
@@ -110,8 +109,6 @@ def run_simulation(cfg: dict) -> Path:
         path, stats = base_model(cfg, stage)
         stage.finish(path=path, stats=stats)
     base_info = stage.info()
-    timings["base"] = base_info["stats"].get("seconds_total", 0.0) if not base_info["stats"].get("cached") \
-        else base_info["seconds"]
     _say(f"base model {base_info['path']} ({base_info['stats'].get('val_loss', '?')} val loss)")
 
     # 3. target (D1 leaked) and shadow (D3) fine-tunes on Ray Train
@@ -126,7 +123,6 @@ def run_simulation(cfg: dict) -> Path:
                                     use_gpu=bool(ray_cfg.get("use_gpu")))
             stage.finish(**stats)
         models[role] = stage
-        timings[f"finetune_{role}"] = stage.info()["seconds"]
         _say(f"{role}: fine-tuned on D{fold + 1} ({len(by_fold[fold])} tasks), "
              f"final loss {stage.info().get('final_loss')}")
 
@@ -142,24 +138,23 @@ def run_simulation(cfg: dict) -> Path:
             stats = collection_stats(coll, time.perf_counter() - t0)
             write_collection(coll, stage.dir / "collection.parquet", stats)
             stage.finish(**stats)
-        timings[f"collect_{role}"] = stage.info()["seconds"]
         _say(f"collection {role}: {stage.info()['rows']} tasks, {stage.info()['exec_status']}")
 
     # 5. detectors: trained on the shadow, scored on the target
     stage = Stage(run_dir, "detect").start()
     if not stage.done:
+        from leakray.detect.cgmia import CGMIAConfig
         from leakray.pipelines.detectors import evaluate_detectors
 
         shadow = pq.read_table(run_dir / "collect_shadow" / "collection.parquet")
         target = pq.read_table(run_dir / "collect_target" / "collection.parquet")
         det = cfg.get("detect", {})
-        result = evaluate_detectors(shadow, target, det.get("cgmia") or {}, list(det.get("seeds", [0])),
-                                    use_ray_train=bool(det.get("use_ray_train", True)),
-                                    save_dir=stage.dir / "cgmia")
+        result = evaluate_detectors(shadow, target, CGMIAConfig.from_dict(det.get("cgmia") or {}),
+                                    list(det.get("seeds", [0])), use_ray_train=bool(det.get("use_ray_train", True)),
+                                    storage_path=run_dir / "ray_train")
         pq.write_table(result.pop("scores"), stage.dir / "scores.parquet")
         write_json_atomic(stage.dir / "metrics.json", result)
         stage.finish()
-    timings["detect"] = stage.info()["seconds"]
 
     # 6. report
     from leakray.report.simulate import write_report

@@ -72,7 +72,8 @@ def write_report(run_dir: Path, cfg: dict, timings: dict) -> dict:
         "detectors": {name: {k: m.get(k) for k in METRIC_KEYS} for name, m in metrics["median"].items()},
         "detectors_full": metrics,
         "leak": {"target": leak_summary(target), "shadow": leak_summary(shadow)},
-        "timings_s": {**{name: info.get("seconds") for name, info in stages.items()}, **timings},
+        "timings_s": {**{name: info.get("seconds") for name, info in stages.items()},
+                      "sum_of_stages": round(sum(i.get("seconds", 0) for i in stages.values()), 1), **timings},
         "models": {
             "base": {"path": stages.get("base", {}).get("path"), "parameters": base.get("parameters"),
                      "pretrain_steps": base.get("steps"), "val_loss": base.get("val_loss"),
@@ -111,9 +112,12 @@ def render_markdown(r: dict) -> str:
     lines += ["", "## The simulated leak (members vs non-members)", ""]
     for role in ("target", "shadow"):
         leak = r["leak"][role]
-        lines += [f"**{role}**" + (f" — leak is {'graded' if leak.get('graded') else 'NOT graded'} "
-                                   "(members ahead on pass and similarity, not all memorised)"
-                                   if "graded" in leak else ""), "",
+        verdict = ""
+        if "graded" in leak:
+            verdict = (" — graded leak: **yes**" if leak["graded"] else " — graded leak: **no**") + (
+                " (graded = members' pass rate above non-members' yet below 0.9, and members' closest "
+                "sample nearer the reference than non-members' yet not a verbatim copy)")
+        lines += [f"**{role}**{verdict}", "",
                   "| group | tasks | pass rate | tasks with a pass | mean edit dist. | min edit dist. | "
                   "CodeBLEU | perplexity | ref. loss |", "|---" * 9 + "|"]
         for group in ("members", "non_members"):

@@ -1,0 +1,70 @@
+"""End to end: the simulated-leakage protocol submitted as a Ray job to a real local head,
+then resumed in-process from its completion markers. Small k, few epochs."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = ["--quick", "--set", "benchmark.limit=16", "--set", "model.tiny.corpus_mb=1",
+         "--set", "model.tiny.max_steps=10", "--set", "detect.seeds=[0,1]"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def ray_head(tmp_path):
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    port, dash = _free_port(), _free_port()
+    ray = str(Path(sys.executable).with_name("ray"))
+    subprocess.run([ray, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=true",
+                    f"--dashboard-port={dash}", "--disable-usage-stats",
+                    f"--temp-dir={tmp_path / 'ray'}"], check=True, env=env, capture_output=True)
+    try:
+        yield ray, f"http://127.0.0.1:{dash}", f"127.0.0.1:{port}", env
+    finally:
+        subprocess.run([ray, "stop", "--force"], env=dict(env, RAY_ADDRESS=f"127.0.0.1:{port}"),
+                       capture_output=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_simulate_job_submit_then_resume(ray_head, tmp_path):
+    ray, dashboard, gcs, env = ray_head
+    out, cache = tmp_path / "runs", tmp_path / "cache"
+    runtime_env = json.dumps({"env_vars": {"LEAKRAY_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}})
+    proc = subprocess.run(
+        [ray, "job", "submit", "--address", dashboard, "--working-dir", str(ROOT),
+         "--runtime-env-json", runtime_env, "--", "python", "jobs/simulate.py", *SMALL, "--output", str(out)],
+        env=env, capture_output=True, text=True, timeout=840, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "succeeded" in proc.stdout
+    (run_dir,) = out.iterdir()
+    report = json.loads((run_dir / "report.json").read_text())
+    for name in ("cgmia", "detectleak"):
+        m = report["detectors"][name]
+        assert set(m) == {"precision", "recall", "mcc", "auc", "tpr_at_1fpr", "tpr_at_5fpr"}
+        assert 0.0 <= m["auc"] <= 1.0
+    leak = report["leak"]["target"]
+    assert leak["members"]["tasks"] == leak["non_members"]["tasks"] == 4
+    assert report["seeds"]["detector"] == [0, 1]
+    assert len(report["detectors_full"]["per_seed"]["cgmia"]) == 2
+    assert (run_dir / "report.md").read_text().startswith("# leakray simulated-leakage audit")
+
+    # Same command again, in-process against the same cluster: every stage is marked done.
+    done_before = {p.parent.name: p.stat().st_mtime for p in run_dir.glob("*/_DONE.json")}
+    resumed = subprocess.run(
+        [sys.executable, "-m", "leakray.cli", "simulate", *SMALL, "--output", str(out), "--address", gcs],
+        env=dict(env, LEAKRAY_CACHE=str(cache)), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert {p.parent.name: p.stat().st_mtime for p in run_dir.glob("*/_DONE.json")} == done_before
+    assert json.loads((run_dir / "report.json").read_text())["detectors"] == report["detectors"]
