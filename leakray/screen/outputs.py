@@ -31,7 +31,7 @@ PAIRS = "pairs.parquet"
 SUMMARY = "summary.json"
 SHEET = "labels.csv"
 CLEAN = "clean"
-LABELS = ("true_leak", "partial_leak", "template_or_common", "false_positive")  # guidance in the sheet header
+LABELS = ("exact_copy", "semantically_equivalent", "related_not_duplicate", "unrelated")  # LessLeak's four classes
 SHEET_PAIRS_PER_SAMPLE = 5
 
 PAIRS_SCHEMA = pa.schema([

@@ -1,0 +1,299 @@
+"""Screening stage without Ray: shingles, MinHash, LSH, containment, verification, corpus, outputs, CLI."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from leakray.schema import P
+from leakray.screen import corpus as C
+from leakray.screen.index import BenchmarkIndex, ScreenConfig, prefix_length
+from leakray.screen.lsh import BandIndex, optimal_params
+from leakray.screen.minhash import MinHasher
+from leakray.screen.screener import BatchScreener, Stats, screen_documents
+from leakray.screen.shingle import shingle_batch, shingles_reference, tokenize
+from leakray.screen.verify import jaccard_exact
+
+FIX = Path(__file__).parent / "fixtures" / "screen"
+HE, MBPP, CORPUS = FIX / "humaneval.jsonl", FIX / "mbpp.jsonl", FIX / "corpus"
+
+SNIPPETS = [
+    "def f(a, b):\n    return a==b  # café\n",
+    "for i in range(10):\n\tprint(i ** 2, end='')\n",
+    "x=1;y=2\nz = x+y\n",
+    "",
+    "one",
+    "@decorator\nclass Ünïcode(Base):\n    def méthode(self): return self.x->y\n",
+    "a\x0bb\x0cc\rd",
+]
+
+
+def _mutate(text: str, rng: random.Random, rate: float) -> str:
+    toks = text.split(" ")
+    for i in range(len(toks)):
+        if rng.random() < rate:
+            toks[i] = f"v{rng.randrange(10**6)}"
+    return " ".join(toks)
+
+
+def _random_code(rng: random.Random, n_lines: int) -> str:
+    words = ["if", "x", "y", "return", "for", "in", "range", "len", "self", "data", "=", "+", "(", ")", ":"]
+    return "\n".join(" ".join(rng.choice(words) + str(rng.randrange(50)) for _ in range(8)) for _ in range(n_lines))
+
+
+# ---------------------------------------------------------------- shingles
+
+
+def test_tokenizer_splits_code():
+    assert tokenize("a==b") == tokenize("a == b") == [b"a", b"=", b"=", b"b"]
+    assert tokenize("x1_y.z(3.5)") == [b"x1_y", b".", b"z", b"(", b"3", b".", b"5", b")"]
+    assert tokenize("café") == ["café".encode()]
+
+
+@pytest.mark.parametrize("ngram", [1, 2, 3, 5])
+def test_vectorised_shingles_match_reference(ngram):
+    texts = SNIPPETS + [_random_code(random.Random(i), 30) for i in range(5)]
+    for chunk in (1 << 20, 50):  # one chunk, and chunks split between documents
+        sets = shingle_batch(texts, ngram, chunk_bytes=chunk)
+        assert len(sets) == len(texts)
+        ref = [shingles_reference(t, ngram) for t in texts]
+        assert [len(r) for r in ref] == sets.sizes.tolist()
+        for i in range(len(texts)):
+            for j in range(len(texts)):
+                union = len(ref[i] | ref[j])
+                want = len(ref[i] & ref[j]) / union if union else 0.0
+                assert jaccard_exact(sets[i], sets[j]) == pytest.approx(want)
+
+
+def test_shingle_hashes_are_stable_across_processes():
+    code = ("from leakray.screen.shingle import shingle_batch;"
+            "print(shingle_batch(['def f(a):\\n    return a + 1\\n'], 2).values.tolist())")
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
+    assert len(outs) == 1
+    here = shingle_batch(["def f(a):\n    return a + 1\n"], 2).values.tolist()
+    assert json.loads(outs.pop()) == here
+    # pinned: a change of tokenizer or hash must bump TOKENIZER_NAME and this value
+    assert here[0] == 643144946344142360
+
+
+# ---------------------------------------------------------------- MinHash / LSH
+
+
+def test_minhash_equals_datasketch_affine32():
+    from datasketch import MinHash
+
+    texts = SNIPPETS + ["z " * 5000 + "q"]
+    sets = shingle_batch(texts, 2)
+    mh = MinHasher(num_perm=128, seed=42, block_rows=64)  # small blocks: exercise the split paths
+    sigs = mh.signatures(sets)
+    for i in range(len(texts)):
+        ref = MinHash(num_perm=128, seed=42, hashfunc=lambda v: v, scheme="affine32")
+        ref.update_batch([int(v) & 0xFFFFFFFF for v in sets[i]])
+        assert (ref.hashvalues == sigs[i]).all()
+    assert (mh.signatures(sets, [3, 0]) == sigs[[3, 0]]).all()
+
+
+def test_lsh_params_are_datasketch_optimum_and_probe_finds_near_duplicates():
+    from datasketch import MinHashLSH
+
+    lsh = MinHashLSH(threshold=0.7, num_perm=256)
+    assert optimal_params(0.7, 256) == (lsh.b, lsh.r)
+    rng = random.Random(0)
+    base = [_random_code(rng, 20) for _ in range(20)]
+    mh = MinHasher(256, 1)
+    idx = BandIndex(mh.signatures(shingle_batch(base)), *optimal_params(0.7, 256))
+    q, e = idx.probe(mh.signatures(shingle_batch([base[3], base[7] + "\nextra line", _random_code(rng, 20)])))
+    found = set(zip(q.tolist(), e.tolist()))
+    assert (0, 3) in found and (1, 7) in found and not any(r == 2 for r, _ in found)
+
+
+# ---------------------------------------------------------------- screening
+
+
+def test_prefix_length():
+    assert prefix_length(10, 0.8) == 3  # 8 of 10 shared -> at least one of any 3 is shared
+    assert prefix_length(1, 0.8) == 1
+
+
+def test_screen_finds_planted_pairs_and_nothing_below_thresholds():
+    rng = random.Random(7)
+    samples = [_random_code(rng, rng.randrange(3, 12)) for _ in range(60)]
+    cfg = ScreenConfig(threshold=0.7, containment=0.8, min_containment_shingles=16)
+    index = BenchmarkIndex(cfg, samples)
+    docs, ids = [], []
+    for i, s in enumerate(samples[:30]):
+        docs.append(_mutate(s, rng, 0.03))
+        ids.append(f"near{i}")
+        docs.append(_random_code(rng, 40) + "\n" + s + "\n" + _random_code(rng, 40))  # s inside a big file
+        ids.append(f"inside{i}")
+    docs += [_random_code(rng, 10) for _ in range(40)]
+    ids += [f"noise{i}" for i in range(40)]
+    pairs = screen_documents(index, ids, [d.encode() for d in docs], Stats())
+    sets, files = index.sets, shingle_batch(docs)
+    # brute force ground truth on the same shingles
+    truth = set()
+    for f in range(len(docs)):
+        for e in range(len(samples)):
+            inter = len(np.intersect1d(files[f], sets[e]))
+            jac = inter / (len(files[f]) + len(sets[e]) - inter)
+            con = inter / len(sets[e])
+            if jac >= 0.85 or (index.contain_ok[e] and con >= 0.8):
+                truth.add((ids[f], e))
+    got = {(p[P.CORPUS_ID], p["entry"]) for p in pairs}
+    assert truth <= got  # containment is exact; J >= 0.85 is far above the LSH knee
+    for p in pairs:
+        f = ids.index(p[P.CORPUS_ID])
+        e = p["entry"]
+        assert p[P.JACCARD] == pytest.approx(jaccard_exact(files[f], sets[e]))
+        assert p[P.JACCARD] >= 0.7 or (index.contain_ok[e] and p[P.CONTAINMENT] >= 0.8)
+        assert 0.0 <= p[P.EST_JACCARD] <= 1.0
+    inside = [p for p in pairs if p[P.CORPUS_ID].startswith("inside")]
+    assert inside and all(p[P.CONTAINMENT] == 1.0 and p[P.JACCARD] < 0.7 for p in inside
+                          if p[P.CORPUS_ID] == f"inside{p['entry']}")
+
+
+def test_containment_off_and_short_samples_are_jaccard_only():
+    text = "def tiny(a):\n    return a + 1\n"
+    big = _random_code(random.Random(1), 50) + "\n" + text
+    on = BenchmarkIndex(ScreenConfig(min_containment_shingles=4), [text])
+    off = BenchmarkIndex(ScreenConfig(containment=0.0), [text])
+    assert screen_documents(on, ["big"], [big.encode()])
+    assert not screen_documents(off, ["big"], [big.encode()])
+    assert screen_documents(off, ["same"], [text.encode()])[0][P.JACCARD] == 1.0
+
+
+# ---------------------------------------------------------------- corpus
+
+
+def test_check_bytes_reasons():
+    assert C.check_bytes(b"", 10) == "empty"
+    assert C.check_bytes(b" \n\t", 10) == "empty"
+    assert C.check_bytes(b"ab\x00c", 10) == "binary"
+    assert C.check_bytes("café".encode("latin-1"), 10) == "undecodable"
+    assert C.check_bytes(b"x" * 11, 10) == "huge"
+    assert C.check_bytes(b"x = 1", 10) is None
+    assert C.content_bytes(None, 10) == (None, "no_content")
+    assert C.content_bytes("x = 1", 10) == (b"x = 1", None)
+
+
+def test_plan_corpus_directory_and_glob(tmp_path):
+    plan = C.plan_corpus(str(CORPUS), max_file_bytes=1000)
+    names = sorted(os.path.basename(p) for p, _ in plan.files)
+    assert "notes.txt" not in names and "copy_he0.py" in names and "bank.py" in names
+    assert plan.skipped["empty"] == 1  # empty.py (blank.py has bytes; found when read)
+    assert plan.skipped["huge"] == 1  # strings_util.py is over 1000 bytes
+    plan = C.plan_corpus(str(FIX / "*.jsonl"), max_file_bytes=1000)
+    assert sorted(os.path.basename(p) for p in plan.jsonl) == ["corpus.jsonl", "humaneval.jsonl", "mbpp.jsonl"]
+    with pytest.raises(Exception, match="no corpus file"):
+        C.plan_corpus(str(tmp_path / "nothing*.parquet"), 1000)
+
+
+def test_batch_screener_counts_bad_inputs(tmp_path):
+    index = BenchmarkIndex(ScreenConfig(), ["def f(a, b):\n    return a + b\n"])
+    files = BatchScreener(index, "files")
+    paths = [str(p) for p in sorted(CORPUS.rglob("*.py"))] + [str(tmp_path / "gone.py")]
+    pairs, st = files({"path": paths})
+    assert st["files_in"] == len(paths)
+    for reason in ("empty", "binary", "undecodable", "unreadable"):
+        assert st["skipped:" + reason] >= 1, reason
+    gz = tmp_path / "c.jsonl.gz"
+    with gzip.open(gz, "wt") as fh:
+        fh.write(json.dumps({"id": "a", "content": "def f(a, b):\n    return a + b\n"}) + "\n{bad\n")
+    pairs, st = BatchScreener(index, "jsonl")({"path": [str(gz), str(tmp_path / "gone.jsonl")]})
+    assert [p[P.CORPUS_ID] for p in pairs] == ["a"]
+    assert st["skipped:malformed"] == 1 and st["skipped:unreadable"] == 1
+    pairs, st = BatchScreener(index, "records")({"content": ["def f(a, b):\n    return a + b\n", None, b"\x00"]})
+    assert pairs[0][P.CORPUS_ID].startswith("sha1:")
+    assert st["skipped:no_content"] == 1 and st["skipped:binary"] == 1
+
+
+# ---------------------------------------------------------------- end to end (no Ray)
+
+
+def _run_cli(*extra):
+    from leakray.cli import main
+
+    return main(["screen", "--benchmark", f"humaneval={HE}", "--benchmark", f"mbpp={MBPP}", *extra,
+                 "--engine", "local"])
+
+
+def test_cli_local_run_writes_every_output(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert _run_cli("--corpus", str(CORPUS), "--output", str(out)) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    he, mb = summary["benchmarks"]["humaneval"], summary["benchmarks"]["mbpp"]
+    assert (he["n_samples"], he["n_leaked"], he["ratio"]) == (4, 2, 0.5)
+    assert he["leaked_task_ids"] == ["HumanEval/0", "HumanEval/2"]  # exact copy, renamed copy
+    assert mb["leaked_task_ids"] == ["MBPP/11"]  # contained in a larger module
+    assert summary["corpus"]["skipped"] == {"binary": 1, "empty": 2, "undecodable": 1}
+    cfg = summary["config"]
+    assert (cfg["seed"], cfg["num_perm"], cfg["ngram"], cfg["bands"], cfg["rows"]) == (1, 256, 2, 25, 10)
+    pairs = pq.read_table(out / "pairs.parquet").to_pylist()
+    assert {(p[P.TASK_ID], os.path.basename(p[P.CORPUS_ID])) for p in pairs} == {
+        ("HumanEval/0", "copy_he0.py"), ("HumanEval/2", "bank.py"), ("MBPP/11", "strings_util.py")}
+    mbpp_pair = next(p for p in pairs if p[P.TASK_ID] == "MBPP/11")
+    assert mbpp_pair[P.CONTAINMENT] == 1.0 and mbpp_pair[P.JACCARD] < 0.2
+    with open(out / "labels.csv", newline="", encoding="utf-8") as fh:
+        sheet = list(csv.DictReader(fh))
+    assert len(sheet) == 3 and all(r[P.LABEL] == "" and r[P.SAMPLE_TEXT] and r[P.CORPUS_TEXT] for r in sheet)
+    clean_he = [json.loads(line)["task_id"] for line in (out / "clean/humaneval/humaneval.jsonl").open()]
+    assert clean_he == ["HumanEval/1", "HumanEval/3"]
+    clean_mb = [json.loads(line)["task_id"] for line in (out / "clean/mbpp/mbpp.jsonl").open()]
+    assert clean_mb == [12, 13]
+    assert (out / "_SUCCESS").exists()
+    # rerun with the same inputs: skipped
+    capsys.readouterr()
+    mtime = (out / "pairs.parquet").stat().st_mtime_ns
+    assert _run_cli("--corpus", str(CORPUS), "--output", str(out)) == 0
+    assert "nothing to do" in capsys.readouterr().err
+    assert (out / "pairs.parquet").stat().st_mtime_ns == mtime
+    # another config is another run
+    assert _run_cli("--corpus", str(CORPUS), "--output", str(out), "--containment", "0") == 0
+    assert json.loads((out / "summary.json").read_text())["benchmarks"]["mbpp"]["n_leaked"] == 0
+
+
+def test_clean_export_keeps_format_for_json_and_parquet(tmp_path):
+    recs = [json.loads(line) for line in HE.open()]
+    as_json, as_parquet = tmp_path / "he.json", tmp_path / "he.parquet"
+    as_json.write_text(json.dumps(recs))
+    pq.write_table(pa.Table.from_pylist(recs), as_parquet)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"path": "x/copy.py", "content": recs[1]["prompt"] + recs[1]["canonical_solution"]})
+                      + "\n")
+    from leakray.cli import main
+
+    out = tmp_path / "run"
+    assert main(["screen", "--benchmark", f"a={as_json}", "--benchmark", f"b={as_parquet}", "--corpus", str(corpus),
+                 "--output", str(out), "--engine", "local", "--field", "both"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["benchmarks"]["a"]["leaked_task_ids"] == ["HumanEval/1"]
+    assert summary["config"]["field"] == "both"
+    assert [r["task_id"] for r in json.loads((out / "clean/a/he.json").read_text())] == [
+        "HumanEval/0", "HumanEval/2", "HumanEval/3"]
+    assert pq.read_table(out / "clean/b/he.parquet").column("task_id").to_pylist() == [
+        "HumanEval/0", "HumanEval/2", "HumanEval/3"]
+    fields = {p[P.FIELD] for p in pq.read_table(out / "pairs.parquet").to_pylist()}
+    assert fields <= {"reference", "prompt"} and "reference" in fields
+
+
+def test_cli_refuses_bad_arguments(tmp_path, capsys):
+    from leakray.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["screen", "--benchmark", "nopath", "--corpus", "x", "--output", "y"])
+    assert main(["screen", "--benchmark", f"h={HE}", "--corpus", str(tmp_path / "none*"), "--output",
+                 str(tmp_path / "o"), "--engine", "local"]) == 2
+    assert main(["screen", "--benchmark", f"h={HE}", "--corpus", str(CORPUS), "--output", str(tmp_path / "o"),
+                 "--threshold", "1.5", "--engine", "local"]) == 2
