@@ -214,6 +214,14 @@ def test_batch_screener_counts_bad_inputs(tmp_path):
     pairs, st = BatchScreener(index, "jsonl")({"path": [str(gz), str(tmp_path / "gone.jsonl")]})
     assert [p[P.CORPUS_ID] for p in pairs] == ["a"]
     assert st["skipped:malformed"] == 1 and st["skipped:unreadable"] == 1
+    shard, broken, no_content = tmp_path / "s.parquet", tmp_path / "broken.parquet", tmp_path / "n.parquet"
+    pq.write_table(pa.table({"content": ["def f(a, b):\n    return a + b\n", None], "path": ["r/x.py", "r/y.py"]}),
+                   shard)
+    broken.write_bytes(b"PAR1 not really")
+    pq.write_table(pa.table({"text": ["x"]}), no_content)
+    pairs, st = BatchScreener(index, "parquet")({"path": [str(shard), str(broken), str(no_content)]})
+    assert [p[P.CORPUS_ID] for p in pairs] == ["r/x.py"]
+    assert (st["skipped:no_content"], st["skipped:unreadable"]) == (2, 1)
     pairs, st = BatchScreener(index, "records")({"content": ["def f(a, b):\n    return a + b\n", None, b"\x00"]})
     assert pairs[0][P.CORPUS_ID].startswith("sha1:")
     assert st["skipped:no_content"] == 1 and st["skipped:binary"] == 1

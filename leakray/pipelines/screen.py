@@ -3,7 +3,10 @@
 The index is built on the driver, ``ray.put`` once, and every actor of the map_batches pool maps
 that one copy (numpy arrays pickle out-of-band, so workers on a node share the object-store
 copy). Each corpus batch returns only its verified pairs and counters. ``engine="local"`` runs
-the same stage code in-process without Ray (tests, small corpora).
+the same stage code in-process without Ray (tests, small corpora). Corpus rows are file or shard
+paths (``from_items``); each actor reads and streams its shards itself (JSONL line by line,
+parquet batch by batch), so there are no read tasks competing with the actor pool for CPUs and a
+corrupt shard is counted as unreadable instead of failing the dataset.
 """
 
 from __future__ import annotations
@@ -61,21 +64,12 @@ def _ray_batches(index: BenchmarkIndex, plan: C.CorpusPlan, workers: int | None,
         datasets.append(("files", ds, FILES_PER_BATCH))
     if plan.jsonl:
         datasets.append(("jsonl", ray.data.from_items([{"path": p} for p in plan.jsonl]), 1))
-    if plan.parquet:
-        by_cols: dict[tuple, list[str]] = {}
-        for path in plan.parquet:
-            cols, reason = C.parquet_columns(path)
-            if reason:
-                plan.skip(reason, path)
-            else:
-                by_cols.setdefault(tuple(cols), []).append(path)
-        for cols, paths in by_cols.items():
-            datasets.append(("records", ray.data.read_parquet(paths, columns=list(cols)), FILES_PER_BATCH))
+    if plan.parquet:  # shards streamed row group by row group inside the actor (bounded memory)
+        datasets.append(("parquet", ray.data.from_items([{"path": p} for p in plan.parquet]), 1))
     for kind, ds, batch_size in datasets:
         out = ds.map_batches(_RayScreener, fn_constructor_kwargs={"index_box": [index_ref], "kind": kind},
                              batch_size=batch_size, batch_format="numpy",
-                             concurrency=min(nworkers, max(1, ds.num_blocks() if kind != "records" else nworkers)),
-                             num_cpus=1)
+                             concurrency=min(nworkers, max(1, ds.num_blocks())), num_cpus=1)
         for batch in out.iter_batches(batch_size=None, batch_format="numpy"):
             for pairs_json, stats_json in zip(batch["pairs"], batch["stats"]):
                 st = json.loads(stats_json)
@@ -91,21 +85,10 @@ def _local_batches(index: BenchmarkIndex, plan: C.CorpusPlan) -> Iterator[tuple[
     for path in plan.jsonl:
         pairs, st = shards({"path": [path]})
         yield pairs, dict(st), st.examples
-    records = BatchScreener(index, "records")
+    shards = BatchScreener(index, "parquet")
     for path in plan.parquet:
-        cols, reason = C.parquet_columns(path)
-        if reason:
-            plan.skip(reason, path)
-            continue
-        import pyarrow.parquet as pq
-
-        try:
-            for rb in pq.ParquetFile(path).iter_batches(batch_size=FILES_PER_BATCH, columns=cols):
-                pairs, st = records(rb.to_pydict())
-                yield pairs, dict(st), st.examples
-        except Exception:  # a shard that breaks mid-read: count it, keep what was screened
-            plan.skip("unreadable", path)
-
+        pairs, st = shards({"path": [path]})
+        yield pairs, dict(st), st.examples
 
 def run_screen(benchmarks: list[tuple[str, str]], corpus: str, output: str, config: ScreenConfig | None = None,
                *, engine: str = "ray", workers: int | None = None, address: str | None = None,

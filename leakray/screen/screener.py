@@ -120,11 +120,12 @@ def screen_documents(index: BenchmarkIndex, ids: list[str], docs: list[bytes], s
 
 
 class BatchScreener:
-    """Screens corpus batches of one kind ('files': a `path` column; 'jsonl': shard paths;
-    'records': `content` plus an id column). Holds the index; no Ray in here."""
+    """Screens corpus batches of one kind: 'files' (a `path` column of source files), 'jsonl' /
+    'parquet' (a `path` column of shards, streamed), 'records' (`content` plus an id column).
+    Holds the index; no Ray in here."""
 
     def __init__(self, index: BenchmarkIndex, kind: str, docs_per_call: int = 512):
-        if kind not in ("files", "jsonl", "records"):
+        if kind not in ("files", "jsonl", "parquet", "records"):
             raise ValueError(f"unknown corpus kind {kind!r}")
         self.index, self.kind, self.docs_per_call = index, kind, docs_per_call
         self.max_bytes = index.config.max_file_bytes
@@ -158,17 +159,33 @@ class BatchScreener:
             for path in _column(batch, "path"):
                 for ident, data, reason in C.iter_jsonl_documents(path, self.max_bytes):
                     take(ident, data, reason)
+        elif self.kind == "parquet":
+            for path in _column(batch, "path"):
+                cols, reason = C.parquet_columns(path)
+                if reason:
+                    take(path, None, reason)
+                    continue
+                try:
+                    import pyarrow.parquet as pq
+
+                    for rb in pq.ParquetFile(path).iter_batches(batch_size=self.docs_per_call, columns=cols):
+                        self._records(rb.to_pydict(), take)
+                except Exception:  # a shard that breaks mid-read: count it, keep what was screened
+                    take(path, None, "unreadable")
         else:
-            contents = _column(batch, C.CONTENT)
-            id_col = next((c for c in C.ID_COLUMNS if c in batch), None)
-            idents = _column(batch, id_col) if id_col else [None] * len(contents)
-            for value, ident in zip(contents, idents):
-                data, reason = C.content_bytes(value, self.max_bytes)
-                if ident is None or not str(ident):  # no id column: name the row by its content
-                    ident = "sha1:" + hashlib.sha1(data or b"").hexdigest()[:16]
-                take(str(ident), data, reason)
+            self._records(batch, take)
         flush()
         return pairs, stats
+
+    def _records(self, batch, take) -> None:
+        contents = _column(batch, C.CONTENT)
+        id_col = next((c for c in C.ID_COLUMNS if c in batch), None)
+        idents = _column(batch, id_col) if id_col else [None] * len(contents)
+        for value, ident in zip(contents, idents):
+            data, reason = C.content_bytes(value, self.max_bytes)
+            if ident is None or not str(ident):  # no id column: name the row by its content
+                ident = "sha1:" + hashlib.sha1(data or b"").hexdigest()[:16]
+            take(str(ident), data, reason)
 
 
 def _column(batch, name: str) -> list:
