@@ -10,6 +10,7 @@ import os
 import shlex
 from dataclasses import dataclass, field
 
+from leakray.sandbox import cds
 from leakray.sandbox import java as J
 from leakray.sandbox.config import SandboxConfig
 
@@ -72,7 +73,12 @@ def java_plan(mode: str, program: str, tests: str, cfg: SandboxConfig, timeout: 
             raise RunnerError(f"the sources define a reserved type {name[:-5]}")
     files["LeakrayHarness.java"] = harness
     files["LeakrayReport.java"] = J.REPORT
-    javac = [_java_bin(cfg, "javac"), *_jvm_flags(cfg, "-J"), "-proc:none", "-nowarn", "-encoding",
+    jflags = _jvm_flags(cfg, "-J")
+    archive = cds.javac_archive(_java_bin(cfg, "javac"), jflags)
+    if archive:
+        binds.append((archive, "/tmp/.cds/javac.jsa"))
+        jflags = jflags + ["-J-XX:SharedArchiveFile=/tmp/.cds/javac.jsa"]
+    javac = [_java_bin(cfg, "javac"), *jflags, "-proc:none", "-nowarn", "-encoding",
              "UTF-8", "-d", "classes"] + (["-cp", cp] if cp else []) + sorted(files)
     java = [_java_bin(cfg, "java"), *_jvm_flags(cfg), "-cp", "classes" + (":" + cp if cp else ""),
             "LeakrayHarness", "{fd}", *extra]
