@@ -49,6 +49,12 @@ def run(args) -> int:
     from leakray.sandbox import Sandbox, SandboxConfig
     from leakray.sandbox.core import error_result
 
+    if not os.path.isfile(args.input):
+        print(f"leakray execute: {args.input}: no such file", file=sys.stderr)
+        return 2
+    if args.timeout is not None and not args.timeout > 0:
+        print("leakray execute: --timeout must be positive", file=sys.stderr)
+        return 2
     cfg = SandboxConfig() if args.timeout is None else SandboxConfig(timeout_s=args.timeout)
     sandbox = Sandbox(cfg)
     workers = max(1, args.workers)
