@@ -36,6 +36,8 @@ SNIPPETS = [
     "one",
     "@decorator\nclass Ünïcode(Base):\n    def méthode(self): return self.x->y\n",
     "a\x0bb\x0cc\rd",
+    "a_very_long_identifier_name_one = another_long_identifier_x + a_very_long_identifier_xame_one\n" * 2,
+    "abcdefgh abcdefghi abcdefghijklmnop abcdefghijklmnopq abcdefghijklmnopr abcdefgh_\n",
 ]
 
 
@@ -85,7 +87,7 @@ def test_shingle_hashes_are_stable_across_processes():
     here = shingle_batch(["def f(a):\n    return a + 1\n"], 2).values.tolist()
     assert json.loads(outs.pop()) == here
     # pinned: a change of tokenizer or hash must bump TOKENIZER_NAME and this value
-    assert here[0] == 643144946344142360
+    assert here[0] == 5839149991321134841
 
 
 # ---------------------------------------------------------------- MinHash / LSH
@@ -124,6 +126,8 @@ def test_lsh_params_are_datasketch_optimum_and_probe_finds_near_duplicates():
 
 def test_prefix_length():
     assert prefix_length(10, 0.8) == 3  # 8 of 10 shared -> at least one of any 3 is shared
+    assert prefix_length(10, 0.8, hits=3) == 5  # ... and at least 3 of any 5
+    assert prefix_length(2, 0.8, hits=3) == 2
     assert prefix_length(1, 0.8) == 1
 
 

@@ -6,10 +6,12 @@ Ray object store and every worker maps the same copy.
 - ``sets``: distinct shingle hashes per entry (exact verification),
 - ``sigs`` + ``bands``: MinHash signatures and their LSH band keys (Jaccard screening),
 - ``prefix_keys`` / ``prefix_owner``: a prefix-filter index for containment screening. An entry
-  with n shingles can only have containment >= t in a file that holds at least one of its
-  ``n - ceil(t*n) + 1`` rarest shingles (rarity = how many entries share a shingle), so only
-  those are indexed; candidates are then verified exactly. No containment pair above the
-  threshold is missed (the filter is exact, unlike banding).
+  with n shingles has containment >= t in a file only if the file holds at least need =
+  ceil(t*n) of them, i.e. misses at most n - need; so of its ``n - need + k`` rarest shingles
+  (rarity = how many entries share a shingle) the file holds at least k. Only those are
+  indexed, a file is a candidate when it hits k of them (k = ``prefix_hits``, at most need),
+  and candidates are verified exactly. No containment pair above the threshold is missed (the
+  filter is exact, unlike banding); k > 1 removes most chance hits on common code.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class ScreenConfig:
     seed: int = 1
     containment: float = 0.8  # 0 disables containment screening
     min_containment_shingles: int = 16  # shorter samples are too generic to call "contained"
+    prefix_hits: int = 3  # containment candidates must hit this many indexed shingles (exact)
     field: str = "reference"  # which text of a sample: reference | prompt | both
     max_file_bytes: int = 2 << 20  # bigger corpus files are skipped as "huge"
 
@@ -45,7 +48,7 @@ class ScreenConfig:
             raise ValueError("threshold must be in (0, 1]")
         if not 0.0 <= self.containment <= 1.0:
             raise ValueError("containment must be in [0, 1] (0 disables it)")
-        if self.ngram < 1 or self.num_perm < 1:
+        if self.ngram < 1 or self.num_perm < 1 or self.prefix_hits < 1:
             raise ValueError("ngram and num_perm must be positive")
         if self.field not in FIELDS:
             raise ValueError(f"field must be one of {FIELDS}")
@@ -58,16 +61,22 @@ class ScreenConfig:
         bands, rows = self.lsh_params
         return {**asdict(self), "bands": bands, "rows": rows, "minhash_scheme": SCHEME,
                 "permutations": "datasketch affine32: numpy RandomState(seed), a odd, b uniform uint32",
-                "tokenizer": TOKENIZER_NAME, "shingle_hash": "poly-prefix mod 2^64 + murmur3 fmix64"}
+                "tokenizer": TOKENIZER_NAME, "shingle_hash": "token: 2x8-byte words (<=16 B) or poly mod 2^64, n-gram fold, murmur3 fmix64"}
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.record(), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def prefix_length(n: int | np.ndarray, t: float):
-    """How many of an entry's rarest shingles must be indexed so containment >= t cannot be missed."""
-    need = np.ceil(np.asarray(n) * t - EPS).astype(np.int64)
-    return np.asarray(n) - np.maximum(need, 1) + 1
+def required_shared(n: int | np.ndarray, t: float):
+    """Shingles a file must share with an entry of n shingles for containment >= t."""
+    return np.maximum(np.ceil(np.asarray(n) * t - EPS).astype(np.int64), 1)
+
+
+def prefix_length(n: int | np.ndarray, t: float, hits: int = 1):
+    """How many of an entry's rarest shingles to index so that a file with containment >= t
+    holds at least min(hits, required) of them."""
+    need = required_shared(n, t)
+    return np.asarray(n) - need + np.minimum(hits, need)
 
 
 class BenchmarkIndex:
@@ -94,6 +103,7 @@ class BenchmarkIndex:
         rows = np.flatnonzero(self.contain_ok)
         if len(rows) == 0:
             self.prefix_keys, self.prefix_owner = np.empty(0, np.uint64), np.empty(0, np.int32)
+            self.prefix_need = np.zeros(self.n, dtype=np.int32)
             self.contain_min_size = math.inf
             return
         sizes = self.sizes[rows]
@@ -105,14 +115,17 @@ class BenchmarkIndex:
         values, owner = values[order], owner[order]
         seg_start = np.repeat(np.cumsum(sizes) - sizes, sizes)
         rank = np.arange(len(values)) - seg_start
-        keep = rank < np.repeat(prefix_length(sizes, tc), sizes)
+        keep = rank < np.repeat(prefix_length(sizes, tc, self.config.prefix_hits), sizes)
         keys, owner = values[keep], owner[keep].astype(np.int32)
         order = np.argsort(keys, kind="stable")
         self.prefix_keys, self.prefix_owner = keys[order], owner[order]
         self.contain_min_size = float(np.ceil(tc * sizes.min() - EPS))
+        # hits a candidate needs, per entry (0 where containment is off)
+        self.prefix_need = np.zeros(self.n, dtype=np.int32)
+        self.prefix_need[rows] = np.minimum(self.config.prefix_hits, required_shared(sizes, tc))
 
     @property
     def nbytes(self) -> int:
         return (self.sets.values.nbytes + self.sets.offsets.nbytes + self.sigs.nbytes + self.bands.nbytes
-                + self.prefix_keys.nbytes + self.prefix_owner.nbytes + self.sizes.nbytes
+                + self.prefix_keys.nbytes + self.prefix_owner.nbytes + self.prefix_need.nbytes + self.sizes.nbytes
                 + self.contain_ok.nbytes + self.screenable.nbytes)

@@ -64,16 +64,16 @@ class BandIndex:
         return expand_matches(self.keys, self.owner, q, np.repeat(np.arange(len(sigs)), self.bands))
 
 
-def expand_matches(sorted_keys: np.ndarray, owner: np.ndarray, query: np.ndarray,
-                   query_row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For each query key, every owner of an equal key; distinct (query_row, owner) pairs."""
+def expand_matches(sorted_keys: np.ndarray, owner: np.ndarray, query: np.ndarray, query_row: np.ndarray,
+                   min_hits: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """For each query key, every owner of an equal key; distinct (query_row, owner) pairs, and
+    with `min_hits` (per owner) only pairs matched by at least that many keys."""
     lo = np.searchsorted(sorted_keys, query, side="left")
-    hi = np.searchsorted(sorted_keys, query, side="right")
-    cnt = hi - lo
-    hit = cnt > 0
+    hit = sorted_keys.take(lo, mode="clip") == query
     if not hit.any():
         return np.empty(0, np.int64), np.empty(0, np.int64)
-    lo, cnt, qrow = lo[hit], cnt[hit], query_row[hit]
+    lo, qrow = lo[hit], query_row[hit]
+    cnt = np.searchsorted(sorted_keys, query[hit], side="right") - lo
     total = int(cnt.sum())
     # positions lo[i] .. lo[i]+cnt[i]-1 for every hit, without a Python loop
     run_start = np.repeat(np.cumsum(cnt) - cnt, cnt)
@@ -81,5 +81,9 @@ def expand_matches(sorted_keys: np.ndarray, owner: np.ndarray, query: np.ndarray
     rows = np.repeat(qrow, cnt).astype(np.int64)
     ids = owner[pos].astype(np.int64)
     width = int(owner.max()) + 1
-    pair = np.unique(rows * width + ids)
+    if min_hits is None:
+        pair = np.unique(rows * width + ids)
+    else:
+        pair, count = np.unique(rows * width + ids, return_counts=True)
+        pair = pair[count >= min_hits[pair % width]]
     return pair // width, pair % width

@@ -81,7 +81,9 @@ class MinHasher:
                             idx = np.concatenate([np.arange(offsets[r], offsets[r + 1]) for r in group[nz]])
                             h = self.inputs(sets.values[idx])
                             starts = np.concatenate([np.zeros(1, np.int64), np.cumsum(gsizes[nz])[:-1]])
-                        out[i + np.flatnonzero(nz)] = np.minimum.reduceat(h[:, None] * a + b, starts, axis=0)
+                        phv = np.multiply(h[:, None], a)
+                        phv += b
+                        out[i + np.flatnonzero(nz)] = np.minimum.reduceat(phv, starts, axis=0)
                 i = j
         return out
 

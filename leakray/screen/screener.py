@@ -79,7 +79,8 @@ def screen_documents(index: BenchmarkIndex, ids: list[str], docs: list[bytes], s
         if len(big):
             sub_sizes = fsize[big]
             vals = np.concatenate([files[i] for i in big])
-            cf, ce = expand_matches(index.prefix_keys, index.prefix_owner, vals, np.repeat(big, sub_sizes))
+            cf, ce = expand_matches(index.prefix_keys, index.prefix_owner, vals, np.repeat(big, sub_sizes),
+                                    min_hits=index.prefix_need)
             need = np.ceil(cfg.containment * index.sizes[ce] - EPS)
             keep = fsize[cf] >= need
             cf, ce = cf[keep], ce[keep]

@@ -8,9 +8,9 @@ The tokenizer is one rule, the same for benchmark samples and corpus files, on U
     ``a==b`` and ``a == b`` tokenize the same).
 
 `tokenize` is the readable regex form; `shingle_batch` is the same rule in numpy over a whole
-batch at once: a byte-class lookup finds token boundaries, a polynomial prefix sum (mod 2^64)
-gives every token a position-independent hash, and n consecutive token hashes are folded into
-one shingle hash with the MurmurHash3 64-bit finaliser. Nothing uses Python's salted `hash()`,
+batch at once: a byte-class lookup finds token boundaries, each token is hashed from its bytes
+(two 8-byte words for tokens up to 16 bytes, a polynomial mod 2^64 beyond), and n consecutive
+token hashes are folded into one shingle hash with the MurmurHash3 64-bit finaliser. Nothing uses Python's salted `hash()`,
 so the same text gives the same shingle hashes on every worker and every run.
 
 The shingle set of a document is its set of distinct shingle hashes; exact Jaccard and
@@ -37,14 +37,14 @@ for _b in b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_":
 _CLASS[0x80:] = 1
 
 _U64 = np.uint64
+_BYTE_PLUS_1 = np.arange(1, 257, dtype=np.uint64)
 _P = _U64(0x100000001B3)  # FNV prime, odd: invertible mod 2^64
-_P_INV = _U64(pow(0x100000001B3, -1, 1 << 64))
 _LEN_MIX = _U64(0x9E3779B97F4A7C15)
 _NGRAM_MIX = _U64(0xC2B2AE3D27D4EB4F)
 _M1, _M2 = _U64(0xFF51AFD7ED558CCD), _U64(0xC4CEB9FE1A85EC53)
 _S33 = _U64(33)
 
-_pow_cache: dict[str, np.ndarray] = {"pow": np.ones(1, _U64), "inv": np.ones(1, _U64)}
+_pow_cache: list[np.ndarray] = [np.ones(1, _U64)]
 
 
 def fmix64(h: np.ndarray) -> np.ndarray:
@@ -56,18 +56,15 @@ def fmix64(h: np.ndarray) -> np.ndarray:
     return h ^ (h >> _S33)
 
 
-def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """P^i and P^-i mod 2^64 for i < n (cached, grown by doubling)."""
-    pw, inv = _pow_cache["pow"], _pow_cache["inv"]
+def _powers(n: int) -> np.ndarray:
+    """P^i mod 2^64 for i < n (cached, grown by doubling)."""
+    pw = _pow_cache[0]
     if len(pw) < n:
-        size = max(n, 2 * len(pw), 1 << 16)
+        size = max(n, 2 * len(pw), 1 << 12)
         with np.errstate(over="ignore"):
-            pw = np.cumprod(np.full(size, _P, dtype=_U64))
-            inv = np.cumprod(np.full(size, _P_INV, dtype=_U64))
-        pw = np.concatenate([np.ones(1, _U64), pw[:-1]])
-        inv = np.concatenate([np.ones(1, _U64), inv[:-1]])
-        _pow_cache["pow"], _pow_cache["inv"] = pw, inv
-    return pw, inv
+            pw = np.concatenate([np.ones(1, _U64), np.cumprod(np.full(size - 1, _P, dtype=_U64))])
+        _pow_cache[0] = pw
+    return pw
 
 
 def as_bytes(text: str | bytes) -> bytes:
@@ -85,17 +82,37 @@ def shingles_reference(text: str | bytes, ngram: int = 2) -> set[tuple[bytes, ..
     return {tuple(toks[i:i + ngram]) for i in range(len(toks) - ngram + 1)}
 
 
-def token_hashes(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Position-independent 64-bit hash of each token buf[starts[i]:ends[i]]."""
-    n = len(buf)
-    pw, inv = _powers(n + 1)
+_SHORT = 16  # tokens up to this many bytes are hashed from two 8-byte words, longer ones polynomially
+_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], dtype=_U64)
+_LONG_TAG = _U64(0x632BE59BD9B4E019)
+
+
+def token_hashes(padded: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Position-independent 64-bit hash of each token padded[starts[i]:ends[i]], a function of its bytes only.
+
+    A token of at most 16 bytes is exactly its two little-endian 8-byte words (zero-padded) and
+    its length; those are mixed with fmix64 (no per-byte pass). A longer token is hashed with
+    a polynomial mod 2^64 over its bytes (prefix sums over those tokens' bytes only).
+    `padded` (uint8, contiguous) must hold 16 zero bytes after the last token.
+    """
+    if not padded.flags.c_contiguous or len(padded) < _SHORT:
+        raise ValueError("token_hashes needs a contiguous buffer padded with 16 bytes")
+    lengths = (ends - starts).astype(np.int64)
+    win = np.ndarray((len(padded) - 7,), dtype="<u8", buffer=padded, strides=(1,))  # 8 bytes from every offset
     with np.errstate(over="ignore"):
-        prefix = np.empty(n + 1, dtype=_U64)
-        prefix[0] = 0
-        np.cumsum((buf.astype(_U64) + _U64(1)) * pw[:n], out=prefix[1:])
-        raw = (prefix[ends] - prefix[starts]) * inv[starts]
-        lengths = (ends - starts).astype(_U64)
-        return fmix64(raw + lengths * _LEN_MIX)
+        w0 = win.take(starts) & _MASKS.take(np.minimum(lengths, 8))
+        w1 = win.take(starts + 8) & _MASKS.take(np.clip(lengths - 8, 0, 8))
+        out = fmix64(w0 ^ ((w1 + lengths.astype(_U64) * _LEN_MIX) * _NGRAM_MIX))
+        long = np.flatnonzero(lengths > _SHORT)
+        if len(long):
+            ls, ll = starts[long], lengths[long]
+            total = int(ll.sum())
+            seg = np.cumsum(ll) - ll
+            pos_in = np.arange(total) - np.repeat(seg, ll)
+            v = _BYTE_PLUS_1.take(padded.take(np.repeat(ls, ll) + pos_in)) * _powers(int(ll.max())).take(pos_in)
+            raw = np.add.reduceat(v, seg)
+            out[long] = fmix64((raw + ll.astype(_U64) * _LEN_MIX) ^ _LONG_TAG)
+    return out
 
 
 class ShingleSets:
@@ -131,18 +148,23 @@ class ShingleSets:
 
 def _shingle_chunk(docs: list[bytes], ngram: int) -> ShingleSets:
     ndoc = len(docs)
-    buf = np.frombuffer(b"\n".join(docs) + b"\n", dtype=np.uint8)
+    joined = b"\n".join(docs) + b"\n"
+    padded = np.frombuffer(joined + bytes(_SHORT), dtype=np.uint8)  # zero tail for 8-byte reads
+    buf = padded[: len(joined)]
     lens = np.fromiter((len(d) + 1 for d in docs), dtype=np.int64, count=ndoc)
     doc_starts = np.concatenate([np.zeros(1, np.int64), np.cumsum(lens)[:-1]])
-    cls = _CLASS[buf]
+    cls = _CLASS.take(buf)
     word = cls == 1
-    prev_word = np.concatenate([[False], word[:-1]])
-    next_word = np.concatenate([word[1:], [False]])
-    single = cls == 2
-    starts = np.flatnonzero(single | (word & ~prev_word))
-    ends = np.flatnonzero(single | (word & ~next_word)) + 1
-    th = token_hashes(buf, starts, ends)
-    tdoc = np.searchsorted(doc_starts, starts, side="right") - 1
+    is_start = cls == 2  # single-byte tokens start and end where they are
+    is_end = is_start.copy()
+    is_start[0] |= word[0]
+    is_start[1:] |= word[1:] > word[:-1]  # a word byte after a non-word byte
+    is_end[:-1] |= word[:-1] > word[1:]  # a word byte before a non-word byte (buf ends with "\n")
+    starts = np.flatnonzero(is_start)
+    ends = np.flatnonzero(is_end) + 1
+    th = token_hashes(padded, starts, ends)
+    per_doc = np.diff(np.searchsorted(starts, np.append(doc_starts, len(buf))))
+    tdoc = np.repeat(np.arange(ndoc), per_doc)
     m = len(th) - ngram + 1
     if m <= 0:
         return ShingleSets(np.empty(0, _U64), np.zeros(ndoc + 1, np.int64))
