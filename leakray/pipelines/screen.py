@@ -62,14 +62,15 @@ def _ray_batches(index: BenchmarkIndex, plan: C.CorpusPlan, workers: int | None,
         nblocks = max(1, min(len(plan.files) // FILES_PER_BATCH + 1, 4 * nworkers * 8))
         ds = ray.data.from_items([{"path": p} for p, _ in plan.files], override_num_blocks=nblocks)
         datasets.append(("files", ds, FILES_PER_BATCH))
-    if plan.jsonl:
-        datasets.append(("jsonl", ray.data.from_items([{"path": p} for p in plan.jsonl]), 1))
-    if plan.parquet:  # shards streamed row group by row group inside the actor (bounded memory)
-        datasets.append(("parquet", ray.data.from_items([{"path": p} for p in plan.parquet]), 1))
+    for kind, shards in (("jsonl", plan.jsonl), ("parquet", plan.parquet)):
+        if shards:  # one shard per row: streamed inside the actor (line by line / record batch by batch)
+            ds = ray.data.from_items([{"path": p} for p in shards], override_num_blocks=min(len(shards), 1000))
+            datasets.append((kind, ds, 1))
     for kind, ds, batch_size in datasets:
         out = ds.map_batches(_RayScreener, fn_constructor_kwargs={"index_box": [index_ref], "kind": kind},
                              batch_size=batch_size, batch_format="numpy",
-                             concurrency=min(nworkers, max(1, ds.num_blocks())), num_cpus=1)
+                             compute=ray.data.ActorPoolStrategy(size=min(nworkers, max(1, ds.num_blocks()))),
+                             num_cpus=1)
         for batch in out.iter_batches(batch_size=None, batch_format="numpy"):
             for pairs_json, stats_json in zip(batch["pairs"], batch["stats"]):
                 st = json.loads(stats_json)

@@ -125,10 +125,10 @@ class BatchScreener:
     'parquet' (a `path` column of shards, streamed), 'records' (`content` plus an id column).
     Holds the index; no Ray in here."""
 
-    def __init__(self, index: BenchmarkIndex, kind: str, docs_per_call: int = 512):
+    def __init__(self, index: BenchmarkIndex, kind: str, docs_per_call: int = 512, bytes_per_call: int = 16 << 20):
         if kind not in ("files", "jsonl", "parquet", "records"):
             raise ValueError(f"unknown corpus kind {kind!r}")
-        self.index, self.kind, self.docs_per_call = index, kind, docs_per_call
+        self.index, self.kind, self.docs_per_call, self.bytes_per_call = index, kind, docs_per_call, bytes_per_call
         self.max_bytes = index.config.max_file_bytes
 
     def __call__(self, batch: dict) -> tuple[list[dict], Stats]:
@@ -136,12 +136,14 @@ class BatchScreener:
         pairs: list[dict] = []
         ids: list[str] = []
         docs: list[bytes] = []
+        held = [0]  # bytes waiting: memory per call is bounded by docs_per_call and bytes_per_call
 
         def flush():
             if docs:
                 pairs.extend(screen_documents(self.index, ids, docs, stats))
                 ids.clear()
                 docs.clear()
+                held[0] = 0
 
         def take(ident, data, reason):
             stats["files_in"] += 1
@@ -150,7 +152,8 @@ class BatchScreener:
                 return
             ids.append(ident)
             docs.append(data)
-            if len(docs) >= self.docs_per_call:
+            held[0] += len(data)
+            if len(docs) >= self.docs_per_call or held[0] >= self.bytes_per_call:
                 flush()
 
         if self.kind == "files":
