@@ -121,15 +121,21 @@ def main(argv=None) -> int:
     ap.add_argument("--ds-files", type=int, default=2000, help="files for the side-by-side with datasketch")
     ap.add_argument("--planted", type=int, default=400)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--index-samples", type=int, default=20000, help="samples in the index-memory measurement")
     ap.add_argument("--threshold", type=float, default=0.7)
     ap.add_argument("--containment", type=float, default=0.8)
     ap.add_argument("--num-perm", type=int, default=256)
     args = ap.parse_args(argv)
+    import datasketch
+
+    print(f"bench_screen {' '.join(sys.argv[1:])}: numpy {np.__version__}, datasketch {datasketch.__version__}, "
+          f"threshold {args.threshold}, containment {args.containment}, num_perm {args.num_perm}, seed {args.seed}")
     rng = random.Random(args.seed)
     cfg = ScreenConfig(threshold=args.threshold, containment=args.containment, num_perm=args.num_perm)
 
     tasks = load_benchmark("humaneval")
     samples = [t[T.REFERENCE] for t in tasks]
+    BenchmarkIndex(cfg, samples[:2])  # warm process-level caches (LSH parameters, hash powers)
     tracemalloc.start()
     index = BenchmarkIndex(cfg, samples)
     _, peak = tracemalloc.get_traced_memory()
@@ -137,6 +143,17 @@ def main(argv=None) -> int:
     print(f"index: {len(samples)} HumanEval references, LSH {cfg.lsh_params[0]} bands x {cfg.lsh_params[1]} rows, "
           f"{index.nbytes / len(samples):.0f} B/sample resident, {peak / len(samples):.0f} B/sample peak while "
           f"building (tracemalloc)")
+
+    # memory at scale: an index of --index-samples texts (HumanEval references and mutations of them)
+    big = [samples[i % len(samples)] if i < len(samples) else mutate(samples[i % len(samples)], rng, 0.3)
+           for i in range(args.index_samples)]
+    tracemalloc.start()
+    big_index = BenchmarkIndex(cfg, big)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    print(f"index of {len(big)} samples: {big_index.nbytes / len(big):.0f} B/sample resident, "
+          f"{peak / len(big):.0f} B/sample peak while building; mean {big_index.sizes.mean():.0f} shingles/sample")
+    del big_index
 
     ids, docs = load_corpus(args.files, args.seed, cfg.max_file_bytes)
     sizes = np.array([len(d) for d in docs])
@@ -164,6 +181,7 @@ def main(argv=None) -> int:
     rng.shuffle(order)
     ids, docs = [ids[i] for i in order], [docs[i] for i in order]
 
+    run_ours(index, ids[:64], docs[:64])  # warm-up, untimed
     pairs, stats, cpu, wall = run_ours(index, ids, docs)
     n = len(docs)
     print(f"\nours, full job (Jaccard LSH + containment, verify): {n} files in {cpu:.2f} s CPU ({wall:.2f} s wall) "

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from leakray.screen.lsh import BandIndex, optimal_params
-from leakray.screen.minhash import SCHEME, MinHasher
+from leakray.screen.minhash import SCHEME, MinHasher, permutations
 from leakray.screen.shingle import TOKENIZER_NAME, ShingleSets, shingle_batch
 
 FIELDS = ("reference", "prompt", "both")
@@ -59,7 +59,9 @@ class ScreenConfig:
 
     def record(self) -> dict:
         bands, rows = self.lsh_params
+        a, b = permutations(self.num_perm, self.seed)
         return {**asdict(self), "bands": bands, "rows": rows, "minhash_scheme": SCHEME,
+                "permutations_sha256": hashlib.sha256(a.tobytes() + b.tobytes()).hexdigest(),
                 "permutations": "datasketch affine32: numpy RandomState(seed), a odd, b uniform uint32",
                 "tokenizer": TOKENIZER_NAME, "shingle_hash": "token: 2x8-byte words (<=16 B) or poly mod 2^64, n-gram fold, murmur3 fmix64"}
 
