@@ -309,3 +309,21 @@ def test_cli_refuses_bad_arguments(tmp_path, capsys):
                  str(tmp_path / "o"), "--engine", "local"]) == 2
     assert main(["screen", "--benchmark", f"h={HE}", "--corpus", str(CORPUS), "--output", str(tmp_path / "o"),
                  "--threshold", "1.5", "--engine", "local"]) == 2
+
+
+def test_export_problem_is_recorded_not_fatal(tmp_path):
+    from leakray.screen import outputs as O
+
+    odd = tmp_path / "bench.csv"
+    odd.write_text("task_id\nX/1\n")
+    entries = O.Entries()
+    entries.benchmark, entries.task_id, entries.field = ["b"], ["X/1"], ["reference"]
+    entries.text, entries.source_row = ["def f(): pass"], [1]
+    pair = {"entry": 0, P.CORPUS_ID: "c.py", P.EST_JACCARD: 1.0, P.JACCARD: 1.0, P.CONTAINMENT: 1.0,
+            P.SAMPLE_SHINGLES: 5, P.CORPUS_SHINGLES: 5, P.SHARED_SHINGLES: 5, P.CORPUS_TEXT: "def f(): pass"}
+    summary = O.write_outputs(tmp_path / "run", key="k", entries=entries, pairs=[pair], benchmarks=[("b", str(odd))],
+                              n_tasks={"b": 1}, corpus_stats={}, config_record={}, seconds=0.0)
+    assert summary["benchmarks"]["b"]["n_leaked"] == 1
+    assert summary["benchmarks"]["b"]["clean_export"] is None and "format" in summary["benchmarks"]["b"][
+        "clean_export_error"]
+    assert O.finished(tmp_path / "run", "k") and not O.finished(tmp_path / "run", "other")

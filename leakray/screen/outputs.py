@@ -156,13 +156,22 @@ def write_outputs(out_dir: str | Path, *, key: str, entries: Entries, pairs: lis
     per_bench = {}
     for name, path in benchmarks:
         n = n_tasks[name]
-        clean_path = export_clean(path, out / CLEAN / name, leaked_rows[name])
+        clean_export, clean_error = None, None
+        if None in leaked_rows[name]:
+            clean_error = "the reader recorded no source_row for a flagged task"
+        else:
+            try:  # never lose a finished pass to an export problem (e.g. a format added to the readers later)
+                clean_export = str(export_clean(path, out / CLEAN / name, leaked_rows[name]).relative_to(out))
+            except (BadInput, OSError, ValueError) as exc:
+                clean_error = str(exc)
         per_bench[name] = {
             "n_samples": n, "n_leaked": len(leaked[name]),
             "ratio": (len(leaked[name]) / n) if n else 0.0, "n_pairs": n_pairs[name],
             "n_unscreenable": len(unscreenable[name]), "leaked_task_ids": sorted(leaked[name]),
-            "path": str(path), "clean_export": str(clean_path.relative_to(out)),
+            "path": str(path), "clean_export": clean_export,
         }
+        if clean_error:
+            per_bench[name]["clean_export_error"] = clean_error
     summary = {"benchmarks": per_bench, "corpus": corpus_stats, "config": config_record,
                "run_key": key, "seconds": round(seconds, 3),
                "outputs": {"pairs": PAIRS, "sheet": SHEET, "clean": CLEAN, "labels": list(LABELS)}}
