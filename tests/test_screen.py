@@ -110,8 +110,10 @@ def test_minhash_equals_datasketch_affine32():
 def test_lsh_params_are_datasketch_optimum_and_probe_finds_near_duplicates():
     from datasketch import MinHashLSH
 
+    from leakray.screen.lsh import _optimal_param_numpy
+
     lsh = MinHashLSH(threshold=0.7, num_perm=256)
-    assert optimal_params(0.7, 256) == (lsh.b, lsh.r)
+    assert optimal_params(0.7, 256) == (lsh.b, lsh.r) == _optimal_param_numpy(0.7, 256, 0.5, 0.5)
     rng = random.Random(0)
     base = [_random_code(rng, 20) for _ in range(20)]
     mh = MinHasher(256, 1)

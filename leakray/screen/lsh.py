@@ -22,12 +22,27 @@ _ROW_MIX = _U64(0xD6E8FEB86659FD93)
 @functools.lru_cache(maxsize=64)
 def optimal_params(threshold: float, num_perm: int, fp_weight: float = 0.5, fn_weight: float = 0.5) -> tuple[int, int]:
     """(bands, rows) minimising fp_weight * P(false positive) + fn_weight * P(false negative)."""
-    from datasketch.lsh import _optimal_param
-
     if not 0.0 < threshold <= 1.0:
         raise ValueError("threshold must be in (0, 1]")
+    try:
+        from datasketch.lsh import _optimal_param
+    except ImportError:  # a datasketch without the (private) helper: the same optimisation in numpy
+        return _optimal_param_numpy(threshold, num_perm, fp_weight, fn_weight)
     b, r = _optimal_param(threshold, num_perm, fp_weight, fn_weight)
     return int(b), int(r)
+
+
+def _optimal_param_numpy(threshold: float, num_perm: int, fp_weight: float, fn_weight: float) -> tuple[int, int]:
+    best, opt = float("inf"), (1, 1)
+    lo, hi = np.linspace(0.0, threshold, 2001), np.linspace(threshold, 1.0, 2001)
+    for b in range(1, num_perm + 1):
+        for r in range(1, num_perm // b + 1):
+            fp = np.trapezoid(1 - (1 - lo ** r) ** b, lo)
+            fn = np.trapezoid((1 - hi ** r) ** b, hi)
+            err = fp * fp_weight + fn * fn_weight
+            if err < best:
+                best, opt = err, (b, r)
+    return opt
 
 
 def band_keys(sigs: np.ndarray, bands: int, rows: int) -> np.ndarray:
