@@ -413,3 +413,29 @@ def test_patching_unittest_does_not_pass(sb, patch):
     tests = ("import unittest\nclass T(unittest.TestCase):\n"
              "    def test_a(self):\n        self.assertEqual(add(1, 2), 4)\n")
     assert_not_passed(run(sb, GOOD + "import unittest\n" + patch + "\n", tests, runner="unittest"))
+
+
+def test_nothing_of_one_run_survives_into_the_next(bwrap):
+    # one worker, so both runs share a warm zygote when there is one
+    daemon = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+              "        while True:\n            open('/tmp/planted', 'a').write('x')\n            time.sleep(0.05)\n"
+              "    os._exit(0)\nopen('left_behind', 'w').write('x')\n")
+    probe = ("import os, glob\n"
+             "MINE = [p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()\n"
+             "        and os.stat('/proc/' + p).st_uid == os.getuid()]\n"
+             "FILES = glob.glob('/tmp/planted') + glob.glob('/tmp/*/left_behind') + glob.glob('left_behind')\n")
+    reqs = [{X.ID: "a", X.LANGUAGE: "python", X.PROGRAM: daemon, X.TESTS: "pass\n"},
+            {X.ID: "b", X.LANGUAGE: "python", X.PROGRAM: probe, X.TESTS: "assert MINE == [] and FILES == [], (MINE, FILES)\n"}]
+    first, second = bwrap.run_many(reqs, workers=1)
+    assert first[X.STATUS] == "passed", first
+    assert second[X.STATUS] == "passed", second
+
+
+def test_setuid_binaries_gain_nothing(bwrap):
+    prog = ("import subprocess, shutil\nGOT = []\n"
+            "for cmd in (['sudo', '-n', 'id', '-u'], ['su', '-c', 'id -u'], ['newgrp']):\n"
+            "    if shutil.which(cmd[0]):\n"
+            "        r = subprocess.run(cmd, capture_output=True, text=True, timeout=3)\n"
+            "        if r.returncode == 0 and r.stdout.strip() == '0':\n"
+            "            GOT.append(cmd[0])\n")
+    assert run(bwrap, prog, "assert GOT == [], GOT\n")[X.STATUS] == "passed"

@@ -23,6 +23,7 @@ class SandboxConfig:
     junit_classpath: str | None = None  # jars for `junit5`; default: $LEAKRAY_JUNIT_CLASSPATH or ~/.m2
     isolation: str = "auto"  # "auto" | "bwrap" | "unshare" | "none" (tests force the fallbacks)
     uid_base: int = 200000  # when root, each concurrent run gets its own unprivileged uid from here
+    warm: bool = True  # Python runners fork from a warm interpreter per worker (root + bwrap only)
 
     def to_dict(self) -> dict:
         return asdict(self)

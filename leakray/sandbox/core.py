@@ -14,10 +14,12 @@ import subprocess
 import tempfile
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 from leakray.sandbox import isolation as iso
 from leakray.sandbox import runners as R
+from leakray.sandbox import warm
 from leakray.sandbox.config import SandboxConfig
 from leakray.schema import LANGUAGES, X
 
@@ -55,6 +57,19 @@ class Sandbox:
             self._uids = None
         # the interpreter may live under a hidden directory (pyenv in /root): show it again, read-only
         self._exposed = iso.exposed_paths([self.config.python])
+        self._zygotes = None
+        if self.config.warm and self.isolation == iso.BWRAP and self._uids is not None:
+            self._zygotes = warm.ZygotePool(self._new_zygote)
+            weakref.finalize(self, self._zygotes.close)
+
+    def _new_zygote(self) -> warm.Zygote:
+        uid, lock = self._uids.acquire()
+        return warm.Zygote(self.config.python, uid, lock, self.config.work_dir_mb * 2, self._exposed)
+
+    def close(self) -> None:
+        """Stop the warm workers (also done when the Sandbox is garbage-collected or the host exits)."""
+        if self._zygotes:
+            self._zygotes.close()
 
     # ---- public API -------------------------------------------------------------------------
     def run(self, request: dict) -> dict:
@@ -112,8 +127,10 @@ class Sandbox:
 
     def _run_plan(self, rid, plan: R.Plan) -> dict:
         token = secrets.token_hex(16)
-        raw = self._exec(dict(plan.files, **{".leakray_token": token}), plan.argv, plan.memory_mb,
-                         plan.wall_s, ro_binds=plan.ro_binds)
+        raw = self._exec_warm(plan, token) if self._zygotes and plan.mode else None
+        if raw is None:
+            raw = self._exec(dict(plan.files, **{".leakray_token": token}), plan.argv, plan.memory_mb,
+                             plan.wall_s, ro_binds=plan.ro_binds)
         verdict = None
         for line in raw["channel"].splitlines():
             parts = line.split()
@@ -132,6 +149,22 @@ class Sandbox:
             status = "failed"  # died without the harness's word: an exit, a signal, a killed parent
         n = self.config.tail_bytes
         return _result(rid, status, raw["duration"], _tail(raw["stdout"], n), _tail(raw["stderr"], n))
+
+    def _exec_warm(self, plan: R.Plan, token: str) -> dict | None:
+        """Fork the run from a warm interpreter; None when no zygote could answer (then run cold)."""
+        cfg = self.config
+        z = self._zygotes.borrow()
+        request = {"mode": plan.mode, "files": plan.files, "token": token, "uid": z.uid,
+                   "memory_mb": plan.memory_mb, "cpu_s": plan.wall_s, "wall_s": plan.wall_s,
+                   "max_procs": cfg.max_procs, "fsize": cfg.max_output_bytes, "tail": cfg.tail_bytes,
+                   "env": iso.sandbox_env()}
+        res = z.call(request, timeout=plan.wall_s + 30)
+        if res is None:
+            return None
+        self._zygotes.give_back(z)
+        return {"rc": res["rc"], "timed_out": res["timed_out"], "duration": res["duration"],
+                "stdout": res["stdout"].encode("latin-1"), "stderr": res["stderr"].encode("latin-1"),
+                "channel": res["channel"].encode("latin-1")}
 
     def _run_stdio(self, rid, program: str, tests: str, timeout: float) -> dict:
         cases = R.stdio_cases(tests)

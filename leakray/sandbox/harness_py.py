@@ -111,6 +111,11 @@ def main() -> None:
     with open(".leakray_token", "rb") as fh:
         token = fh.read().strip()
     os.unlink(".leakray_token")
+    judge(mode, token, fd)
+
+
+def judge(mode: str, token: bytes, fd: int) -> None:
+    """Run MODE in this process and report on fd; never returns."""
     del sys.argv[1:]  # the program sees a plain argv
     sys.path[0] = os.getcwd()  # the work dir, not leakray's package dir, is the import root
     sys.stdin = open(os.devnull)

@@ -29,6 +29,7 @@ class Plan:
     memory_mb: int
     wall_s: float
     ro_binds: list[tuple[str, str]] = field(default_factory=list)
+    mode: str | None = None  # the Python harness mode, when a warm zygote may run it instead
 
 
 def python_plan(mode: str, program: str, tests: str, cfg: SandboxConfig, timeout: float) -> Plan:
@@ -36,7 +37,7 @@ def python_plan(mode: str, program: str, tests: str, cfg: SandboxConfig, timeout
         files = {"test_solution.py": "import pytest\n" + program + "\n\n" + tests + "\n"}
     else:
         files = {"solution.py": program + "\n\n" + tests + "\n"}
-    return Plan(files, [cfg.python, "-I", HARNESS_PY, mode, "{fd}"], cfg.memory_mb, timeout)
+    return Plan(files, [cfg.python, "-I", HARNESS_PY, mode, "{fd}"], cfg.memory_mb, timeout, mode=mode)
 
 
 def _jvm_flags(cfg: SandboxConfig, prefix: str = "") -> list[str]:

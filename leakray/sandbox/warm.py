@@ -1,0 +1,86 @@
+"""Host side of the warm workers (zygote_py.py): one long-lived bubblewrap sandbox per concurrent
+slot, each with its own unprivileged uid, talking length-prefixed JSON over its stdin/stdout."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import struct
+import subprocess
+import threading
+
+from leakray.sandbox import isolation as iso
+
+ZYGOTE_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote_py.py")
+
+
+class Zygote:
+    def __init__(self, python: str, uid: int, uid_lock: int, work_dir_mb: int, exposed):
+        self.uid, self._uid_lock = uid, uid_lock
+        argv = iso.bwrap_argv(files={}, work_dir_mb=work_dir_mb, env=iso.sandbox_env(), ro_binds=exposed)
+        self.proc = subprocess.Popen(argv + [python, "-I", ZYGOTE_PY], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def call(self, request: dict, timeout: float) -> dict | None:
+        """The zygote's answer, or None if it is gone or silent past `timeout` (then it is closed)."""
+        try:
+            data = json.dumps(request).encode()
+            self.proc.stdin.write(struct.pack(">I", len(data)) + data)
+            self.proc.stdin.flush()
+            out = self.proc.stdout
+            if not select.select([out], [], [], timeout)[0]:
+                raise TimeoutError
+            head = out.read(4)
+            if len(head) < 4:
+                raise EOFError
+            return json.loads(out.read(struct.unpack(">I", head)[0]))
+        except (OSError, ValueError, EOFError, TimeoutError):
+            self.close()
+            return None
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+        if self._uid_lock is not None:
+            iso.UidPool.release(self._uid_lock)
+            self._uid_lock = None
+
+
+class ZygotePool:
+    """Idle zygotes; a run borrows one, so concurrency is bounded by the callers' threads."""
+
+    def __init__(self, make):
+        self._make, self._idle, self._lock = make, [], threading.Lock()
+
+    def borrow(self) -> Zygote:
+        with self._lock:
+            while self._idle:
+                z = self._idle.pop()
+                if z.alive():
+                    return z
+                z.close()
+        return self._make()
+
+    def give_back(self, z: Zygote) -> None:
+        if z.alive():
+            with self._lock:
+                self._idle.append(z)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for z in idle:
+            z.close()
