@@ -200,6 +200,8 @@ def test_plan_corpus_directory_and_glob(tmp_path):
     assert "notes.txt" not in names and "copy_he0.py" in names and "bank.py" in names
     assert plan.skipped["empty"] == 1  # empty.py (blank.py has bytes; found when read)
     assert plan.skipped["huge"] == 1  # strings_util.py is over 1000 bytes
+    both = C.plan_corpus(str(CORPUS) + "/*", max_file_bytes=1000)  # the pkg dir and its files, once each
+    assert sorted(both.files) == sorted(plan.files)
     plan = C.plan_corpus(str(FIX / "*.jsonl"), max_file_bytes=1000)
     assert sorted(os.path.basename(p) for p in plan.jsonl) == ["corpus.jsonl", "humaneval.jsonl", "mbpp.jsonl"]
     with pytest.raises(Exception, match="no corpus file"):

@@ -38,6 +38,7 @@ class CorpusPlan:
     parquet: list[str] = field(default_factory=list)
     skipped: Counter = field(default_factory=Counter)
     examples: dict[str, list[str]] = field(default_factory=dict)
+    seen: set[str] = field(default_factory=set, repr=False)
 
     def skip(self, reason: str, ident: str) -> None:
         self.skipped[reason] += 1
@@ -97,11 +98,15 @@ def plan_corpus(spec: str, max_file_bytes: int, extensions: frozenset[str] = SOU
                 for name in sorted(filenames):
                     _add(plan, os.path.join(dirpath, name), max_file_bytes, extensions, explicit=False)
         else:
-            _add(plan, root, max_file_bytes, extensions, explicit=True)
+            _add(plan, root, max_file_bytes, extensions, explicit=root == spec)  # named, not globbed
     return plan
 
 
 def _add(plan: CorpusPlan, path: str, max_bytes: int, extensions, explicit: bool) -> None:
+    real = os.path.realpath(path)
+    if real in plan.seen:  # a glob and a directory naming the same file, or a symlink: screen it once
+        return
+    plan.seen.add(real)
     kind = _kind(path)
     if kind == "files" and os.path.splitext(path.lower())[1] not in extensions:
         kind = None
