@@ -19,9 +19,12 @@ TESTS = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n"
 WRONG_TESTS = "assert add(2, 2) == 5\n"
 
 
-@pytest.fixture(scope="module")
-def sb():
-    return Sandbox(SandboxConfig(timeout_s=5, memory_mb=512, max_output_bytes=1 << 20))
+@pytest.fixture(scope="module", params=[True, False], ids=["warm", "cold"])
+def sb(request):
+    # warm: forked from a zygote (root + bwrap); cold: a fresh interpreter in its own bwrap
+    box = Sandbox(SandboxConfig(timeout_s=5, memory_mb=512, max_output_bytes=1 << 20, warm=request.param))
+    yield box
+    box.close()
 
 
 @pytest.fixture(scope="module")

@@ -150,13 +150,15 @@ class Sandbox:
         n = self.config.tail_bytes
         return _result(rid, status, raw["duration"], _tail(raw["stdout"], n), _tail(raw["stderr"], n))
 
-    def _exec_warm(self, plan: R.Plan, token: str) -> dict | None:
+    def _exec_warm(self, plan: R.Plan, token: str, stdin: str | None = None) -> dict | None:
         """Fork the run from a warm interpreter; None when no zygote could answer (then run cold)."""
         cfg = self.config
         z = self._zygotes.borrow()
         request = {"mode": plan.mode, "files": plan.files, "token": token, "uid": z.uid,
                    "memory_mb": plan.memory_mb, "cpu_s": plan.wall_s, "wall_s": plan.wall_s,
-                   "max_procs": cfg.max_procs, "fsize": cfg.max_output_bytes, "tail": cfg.tail_bytes,
+                   "max_procs": cfg.max_procs, "fsize": cfg.max_output_bytes, "stdin": stdin,
+                   # stdio is judged on the whole stdout, the others on its tail
+                   "tail": cfg.max_output_bytes if plan.mode == "stdio" else cfg.tail_bytes,
                    "env": iso.sandbox_env()}
         res = z.call(request, timeout=plan.wall_s + 30)
         if res is None:
@@ -169,9 +171,12 @@ class Sandbox:
     def _run_stdio(self, rid, program: str, tests: str, timeout: float) -> dict:
         cases = R.stdio_cases(tests)
         n, last = self.config.tail_bytes, None
+        plan = R.Plan({"solution.py": program}, [], self.config.memory_mb, timeout, mode="stdio")
         for k, (stdin, expected) in enumerate(cases):
-            raw = self._exec({"solution.py": program}, [self.config.python, "-I", "solution.py"],
-                             self.config.memory_mb, timeout, stdin=stdin.encode())
+            raw = self._exec_warm(plan, "", stdin=stdin) if self._zygotes else None
+            if raw is None:
+                raw = self._exec({"solution.py": program}, [self.config.python, "-I", "solution.py"],
+                                 self.config.memory_mb, timeout, stdin=stdin.encode())
             last = raw
             got = raw["stdout"].decode("utf-8", errors="replace")
             if raw["timed_out"]:

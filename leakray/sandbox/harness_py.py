@@ -106,6 +106,30 @@ def run_pytest(report) -> None:
 MODES = {"python": run_python, "unittest": run_unittest, "pytest": run_pytest}
 
 
+def stdio_main(path: str) -> None:
+    """APPS: the program as `__main__` on this stdin; the host compares stdout. Exits like CPython."""
+    sys.argv = [path]
+    sys.path[0] = os.path.dirname(path)
+    status = 0
+    try:
+        with open(path, encoding="utf-8") as fh:
+            code = compile(fh.read(), path, "exec")
+        exec(code, {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__})
+    except SystemExit as exc:
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+        status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        status = 1
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:
+        status = status or 1
+    _EXIT(status)
+
+
 def main() -> None:
     mode, fd = sys.argv[1], int(sys.argv[2])
     with open(".leakray_token", "rb") as fh:

@@ -73,14 +73,14 @@ def _tail(path: str, n: int) -> str:
         return fh.read().decode("latin-1")
 
 
-def _child(req: dict, wd: str, out: int, err: int, chan: int) -> None:
+def _child(req: dict, wd: str, out: int, err: int, chan: int, stdin: int) -> None:
     """Between fork and the program: everything that must hold before untrusted code runs."""
     try:
         os.setsid()
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        for src, dst in ((devnull, 0), (out, 1), (err, 2), (chan, 3)):
+        for src, dst in ((stdin, 0), (out, 1), (err, 2), (chan, 3)):
             os.dup2(src, dst)
         os.closerange(4, 1 << 16)  # the request pipe above all: it carries the next run's token
+        sys.stdin = open(0, encoding="utf-8", closefd=False)  # not the request pipe's wrapper
         sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
         sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)
         cpu = int(req["cpu_s"]) + 1
@@ -99,6 +99,8 @@ def _child(req: dict, wd: str, out: int, err: int, chan: int) -> None:
             os._exit(70)
         if os.getuid() != uid or os.geteuid() != uid:
             os._exit(70)
+        if req["mode"] == "stdio":
+            harness_py.stdio_main(os.path.join(wd, "solution.py"))
         sys.argv = [os.path.join(wd, "solution.py")]
         harness_py.judge(req["mode"], req["token"].encode(), 3)
     finally:
@@ -117,6 +119,11 @@ def serve_one(req: dict, n: int) -> dict:
     private = "/tmp/.z"  # root-only: the run writes these through its fds, never opens them
     paths = [os.path.join(private, f"{n}.{k}") for k in ("out", "err", "chan")]
     fds = [os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600) for p in paths]
+    stdin_path = os.path.join(private, f"{n}.in")
+    with open(stdin_path, "w", encoding="utf-8") as fh:
+        fh.write(req.get("stdin") or "")
+    fds.append(os.open(stdin_path, os.O_RDONLY))
+    os.unlink(stdin_path)
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:
