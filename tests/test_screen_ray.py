@@ -27,7 +27,7 @@ def test_screen_on_local_ray_matches_local_engine(tmp_path):
     (corpus / "broken.parquet").write_bytes(b"PAR1 garbage")
     args = ["screen", "--benchmark", f"humaneval={FIX / 'humaneval.jsonl'}", "--benchmark",
             f"mbpp={FIX / 'mbpp.jsonl'}", "--corpus", str(corpus)]
-    ray.init(num_cpus=1, include_dashboard=False, configure_logging=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, configure_logging=False)
     try:
         assert main(args + ["--output", str(tmp_path / "ray")]) == 0
     finally:

@@ -51,10 +51,10 @@ def _ray_batches(index: BenchmarkIndex, plan: C.CorpusPlan, workers: int | None,
 
     if not ray.is_initialized():
         address = address or os.environ.get("RAY_ADDRESS")
-        if address:  # a submitted job, or a named cluster
+        if address:  # a submitted job, or a named cluster ("auto": the one `ray start` left here)
             ray.init(address=address)
-        else:
-            ray.init(num_cpus=num_cpus, include_dashboard=False)
+        else:  # a fresh local Ray, never someone else's cluster by accident
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False)
     index_ref = ray.put(index)
     nworkers = workers or max(1, int(ray.available_resources().get("CPU", 1)))
     datasets = []

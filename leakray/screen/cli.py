@@ -32,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-file-bytes", type=int, default=2 << 20, help="larger corpus files are skipped as huge")
     p.add_argument("--engine", choices=("ray", "local"), default="ray", help="local: in-process, no Ray")
     p.add_argument("--workers", type=int, default=None, help="corpus actors (default: the cluster's CPUs)")
-    p.add_argument("--address", default=None, help="Ray address (default: RAY_ADDRESS or a local Ray)")
+    p.add_argument("--address", default=None, help="Ray address, e.g. 'auto' for a cluster started with `ray start` (default: RAY_ADDRESS, else a "
+                        "fresh local Ray)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of a local Ray")
     p.add_argument("--force", action="store_true", help="recompute even if the run directory is complete")
 
