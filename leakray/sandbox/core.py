@@ -88,6 +88,8 @@ class Sandbox:
                 result = self._run_plan(rid, R.python_plan(runner, program, tests, self.config, timeout))
         except R.RunnerError as exc:
             return error_result(rid, str(exc))
+        except Exception as exc:  # the harness's own failure: one `error`, never a stopped batch
+            return error_result(rid, f"leakray sandbox: {type(exc).__name__}: {exc}")
         result[X.DURATION_S] = round(time.monotonic() - start, 4)
         return result
 
@@ -164,6 +166,8 @@ class Sandbox:
         if res is None:
             return None
         self._zygotes.give_back(z)
+        if res.get("fault"):
+            raise RuntimeError(res["stderr"])
         return {"rc": res["rc"], "timed_out": res["timed_out"], "duration": res["duration"],
                 "stdout": res["stdout"].encode("latin-1"), "stderr": res["stderr"].encode("latin-1"),
                 "channel": res["channel"].encode("latin-1")}

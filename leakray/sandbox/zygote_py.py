@@ -177,8 +177,9 @@ def main() -> None:
         try:
             res = serve_one(req, n)
         except Exception as exc:  # a zygote fault is the harness's `error`, never a pass
-            res = {"rc": -1, "timed_out": False, "duration": 0.0, "stdout": "", "channel": "",
-                   "stderr": f"leakray zygote: {type(exc).__name__}: {exc}"}
+            shutil.rmtree(f"/tmp/w{n}", ignore_errors=True)
+            res = {"rc": -1, "timed_out": False, "duration": 0.0, "stdout": "", "channel": "", "fault": True,
+                   "stderr": f"zygote: {type(exc).__name__}: {exc}"}
         _write_frame(wfile, res)
 
 
