@@ -56,7 +56,8 @@ class Sandbox:
                                   "(no bubblewrap to show it a hidden install); programs run AS ROOT")
             self._uids = None
         # the interpreter may live under a hidden directory (pyenv in /root): show it again, read-only
-        self._exposed = iso.exposed_paths([self.config.python])
+        java = [os.path.join(self.config.java_home, "bin", "java")] if self.config.java_home else []
+        self._exposed = iso.exposed_paths([self.config.python] + java)
         self._zygotes = None
         if self.config.warm and self.isolation == iso.BWRAP and self._uids is not None:
             self._zygotes = warm.ZygotePool(self._new_zygote)
