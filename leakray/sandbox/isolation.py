@@ -8,8 +8,9 @@ Layers, outermost first:
 - rlimits (address space, CPU, processes, file size, no core dumps, open files).
 - when we are root, a uid of its own per concurrent run: RLIMIT_NPROC is never enforced for root,
   and a fresh uid makes the process limit count this run's processes only.
-Without bubblewrap we fall back to `unshare -n` (no network, but the host filesystem is visible
-read-write to the uid) or to rlimits alone, and say so once on stderr.
+Without bubblewrap we fall back to `unshare` (no network, own pid namespace, but the host
+filesystem is visible and writable wherever the uid may write) or to rlimits alone, and say so
+once on stderr.
 """
 
 from __future__ import annotations
@@ -82,8 +83,10 @@ def uid_can_run(python: str, uid: int) -> bool:
 
 
 def _unshare_prefix() -> list[str]:
-    # as root `unshare -n` works directly; otherwise a user namespace is needed to own the net ns
-    return ["unshare", "-n"] if os.geteuid() == 0 else ["unshare", "-r", "-n"]
+    # as root `unshare` works directly; otherwise a user namespace must own the new ones. The pid
+    # namespace keeps the program from signalling us (kill(getppid()), kill(-1)).
+    base = ["unshare", "-n", "-p", "-f", "--kill-child"]
+    return base if os.geteuid() == 0 else base[:1] + ["-r"] + base[1:]
 
 
 class UidPool:
