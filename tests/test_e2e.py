@@ -3,9 +3,12 @@ then resumed in-process from its completion markers. Small k, few epochs."""
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -22,18 +25,28 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def ray_head(tmp_path):
+def ray_head():
+    """A real head node (`ray start --head`), torn down by its own temp dir: `ray stop`
+    would stop every Ray on the machine. The temp dir is short because Ray's Unix sockets
+    live under it (paths are limited to ~107 bytes)."""
     env = dict(os.environ, RAY_AUTH_MODE="disabled")
-    port, dash = _free_port(), _free_port()
+    port, dash, agent, agent_grpc, metrics, rt_env = (_free_port() for _ in range(6))
+    temp = tempfile.mkdtemp(prefix="lr", dir="/tmp")
     ray = str(Path(sys.executable).with_name("ray"))
-    subprocess.run([ray, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=true",
-                    f"--dashboard-port={dash}", "--disable-usage-stats",
-                    f"--temp-dir={tmp_path / 'ray'}"], check=True, env=env, capture_output=True)
+    # Every port explicit: the job agent's default port clashes with any other Ray on the machine.
+    started = subprocess.run([ray, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=true",
+                              f"--dashboard-port={dash}", f"--dashboard-agent-listen-port={agent}",
+                              f"--dashboard-agent-grpc-port={agent_grpc}", f"--metrics-export-port={metrics}",
+                              f"--runtime-env-agent-port={rt_env}", "--disable-usage-stats", f"--temp-dir={temp}"],
+                             env=env, capture_output=True, text=True)
+    assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
     try:
         yield ray, f"http://127.0.0.1:{dash}", f"127.0.0.1:{port}", env
     finally:
-        subprocess.run([ray, "stop", "--force"], env=dict(env, RAY_ADDRESS=f"127.0.0.1:{port}"),
-                       capture_output=True)
+        for sig in ("-TERM", "-KILL"):
+            subprocess.run(["pkill", sig, "-f", temp], capture_output=True)
+            time.sleep(2)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.mark.slow
@@ -42,10 +55,14 @@ def test_simulate_job_submit_then_resume(ray_head, tmp_path):
     ray, dashboard, gcs, env = ray_head
     out, cache = tmp_path / "runs", tmp_path / "cache"
     runtime_env = json.dumps({"env_vars": {"LEAKRAY_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}})
-    proc = subprocess.run(
-        [ray, "job", "submit", "--address", dashboard, "--working-dir", str(ROOT),
-         "--runtime-env-json", runtime_env, "--", "python", "jobs/simulate.py", *SMALL, "--output", str(out)],
-        env=env, capture_output=True, text=True, timeout=840, cwd=ROOT)
+    for _ in range(20):  # the head's job agent comes up a few seconds after `ray start`
+        proc = subprocess.run(
+            [ray, "job", "submit", "--address", dashboard, "--working-dir", str(ROOT),
+             "--runtime-env-json", runtime_env, "--", "python", "jobs/simulate.py", *SMALL, "--output", str(out)],
+            env=env, capture_output=True, text=True, timeout=840, cwd=ROOT)
+        if "No available agent" not in proc.stderr + proc.stdout:
+            break
+        time.sleep(3)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "succeeded" in proc.stdout
     (run_dir,) = out.iterdir()

@@ -125,7 +125,8 @@ def _labels(table: pa.Table, which: str) -> np.ndarray:
 def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: CGMIAConfig | None = None,
                        seeds: Iterable[int] = (0, 1, 2, 3, 4), *, use_ray_train: bool = False,
                        storage_path: str | os.PathLike | None = None, allow_task_overlap: bool = False,
-                       baselines: Iterable[str] = tuple(BASELINES), progress: bool = False
+                       baselines: Iterable[str] = tuple(BASELINES), progress: bool = False,
+                       save_dir: str | os.PathLike | None = None
                        ) -> dict[str, Any]:
     """Train CGMIA on the shadow collection per seed, score the target, compare with baselines.
 
@@ -167,6 +168,8 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
     else:
         detectors = [fit(shadow_arrays, config, seed, progress=progress) for seed in seeds]
     for seed, det in zip(seeds, detectors):
+        if save_dir is not None:  # frozen projections and scaler travel with the weights
+            det.save(Path(save_dir) / f"cgmia-seed{seed}")
         proba = det.predict_proba(target_arrays)
         pred = (proba >= 0.5).astype(np.int8)
         per_seed[CGMIA].append(binary_metrics(y, proba, pred))  # aligned with "seeds"

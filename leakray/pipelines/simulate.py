@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from leakray.config import build
 from leakray.data.folds import assign_folds
 from leakray.data.registry import load_benchmark
+from leakray.errors import BadInput
 from leakray.models.finetune import FinetuneConfig
 from leakray.models.offline import TinyLMConfig, ensure_base_model
 from leakray.models.sampler import SampleConfig, continuation
@@ -68,6 +69,20 @@ def collect_config(cfg: dict) -> CollectConfig:
     )
 
 
+def validate_config(cfg: dict) -> None:
+    """Refuse a bad config before any stage spends time on it."""
+    from leakray.detect.cgmia import CGMIAConfig
+
+    for role in ("target", "shadow"):
+        build(FinetuneConfig, cfg.get(role), role)
+    if cfg["model"]["base"] == "tiny":
+        build(TinyLMConfig, cfg["model"].get("tiny"), "model.tiny")
+    collect_config(cfg)
+    CGMIAConfig.from_dict(cfg.get("detect", {}).get("cgmia") or {})
+    if not cfg.get("detect", {}).get("seeds"):
+        raise BadInput("detect.seeds must list at least one seed")
+
+
 def base_model(cfg: dict, stage: Stage) -> tuple[str, dict]:
     base = cfg["model"]["base"]
     if base != "tiny":
@@ -84,6 +99,7 @@ def run_simulation(cfg: dict) -> Path:
     from leakray.pipelines.train import finetune_on_ray
 
     t_start = time.perf_counter()
+    validate_config(cfg)
     tasks = load_tasks(cfg)
     bench = cfg["benchmark"]
     run_dir = Path(cfg.get("output_dir", "runs")).resolve() / f"{bench['name']}-{run_id(cfg, tasks)}"
@@ -151,7 +167,7 @@ def run_simulation(cfg: dict) -> Path:
         det = cfg.get("detect", {})
         result = evaluate_detectors(shadow, target, CGMIAConfig.from_dict(det.get("cgmia") or {}),
                                     list(det.get("seeds", [0])), use_ray_train=bool(det.get("use_ray_train", True)),
-                                    storage_path=run_dir / "ray_train")
+                                    storage_path=run_dir / "ray_train", save_dir=stage.dir)
         pq.write_table(result.pop("scores"), stage.dir / "scores.parquet")
         write_json_atomic(stage.dir / "metrics.json", result)
         stage.finish()

@@ -1,0 +1,58 @@
+"""Wall time of `leakray demo` end to end, per stage, on this machine.
+
+Runs the demo twice into a fresh runs directory with a fresh model cache: the first run
+pretrains the base model, the second (a new run directory, forced by a different
+detector seed list) must reuse the cached base model. Prints both runs' stage timings
+side by side and the ratio of their totals.
+
+    python benchmarks/bench_demo.py [--quick] [--keep DIR] [--set key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def run_demo(out: Path, cache: Path, extra: list[str]) -> tuple[dict, float]:
+    env = dict(os.environ, LEAKRAY_CACHE=str(cache), HF_HUB_OFFLINE="1", RAY_AUTH_MODE="disabled")
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "leakray.cli", "demo", "--output", str(out), *extra], env=env,
+                   check=True)
+    wall = time.perf_counter() - t0
+    newest = max(out.glob("*/report.json"), key=lambda p: p.stat().st_mtime)
+    return json.loads(newest.read_text()), wall
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--keep", help="directory for runs and cache (default: a temporary one)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    args = ap.parse_args()
+    root = Path(args.keep or tempfile.mkdtemp(prefix="leakray-bench-"))
+    extra = (["--quick"] if args.quick else []) + [x for o in args.overrides for x in ("--set", o)]
+    first, wall1 = run_demo(root / "runs", root / "cache", extra)
+    second, wall2 = run_demo(root / "runs", root / "cache", extra + ["--set", "detect.seeds=[0,1,2,3,4,5]"])
+    t1, t2 = first["timings_s"], second["timings_s"]
+    print(f"\n{'stage':<24}{'first run (s)':>16}{'cached base (s)':>18}")
+    for stage in t1:
+        print(f"{stage:<24}{t1.get(stage) or 0:>16.1f}{t2.get(stage) or 0:>18.1f}")
+    print(f"{'wall (process)':<24}{wall1:>16.1f}{wall2:>18.1f}")
+    print(f"second/first wall ratio: {wall2 / wall1:.2f}  (base model cached: {second['models']['base']['cached']})")
+    for name in ("cgmia", "detectleak"):
+        print(name, json.dumps(first["detectors"][name]))
+    leak = first["leak"]["target"]
+    print("target members:", json.dumps(leak["members"]))
+    print("target non-members:", json.dumps(leak["non_members"]))
+    print("graded:", leak.get("graded"))
+
+
+if __name__ == "__main__":
+    main()
