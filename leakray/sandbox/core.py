@@ -151,7 +151,10 @@ class Sandbox:
         else:
             status = "failed"  # died without the harness's word: an exit, a signal, a killed parent
         n = self.config.tail_bytes
-        return _result(rid, status, raw["duration"], _tail(raw["stdout"], n), _tail(raw["stderr"], n))
+        stderr = _tail(raw["stderr"], n)
+        if verdict is None and status == "failed":  # say why, or an exit(0) looks like a silent failure
+            stderr += f"\n[leakray] the run ended (exit status {raw['rc']}) before the tests reported"
+        return _result(rid, status, raw["duration"], _tail(raw["stdout"], n), stderr[-n:])
 
     def _exec_warm(self, plan: R.Plan, token: str, stdin: str | None = None) -> dict | None:
         """Fork the run from a warm interpreter; None when no zygote could answer (then run cold)."""
