@@ -146,6 +146,8 @@ class Sandbox:
             status = "timeout"
         elif raw["rc"] == R.COMPILE_ERROR_RC and plan.argv[0] == "/bin/sh":
             status = "error"
+        elif raw["rc"] == R.RUN_TIMEOUT_RC and plan.argv[0] == "/bin/sh":
+            status = "timeout"
         elif _MEMORY_HINTS.search(raw["stderr"][-65536:]):
             status = "memory"
         else:

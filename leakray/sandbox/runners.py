@@ -16,6 +16,7 @@ from leakray.sandbox.config import SandboxConfig
 
 HARNESS_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness_py.py")
 COMPILE_ERROR_RC = 97  # the run script's exit code when javac refuses the sources
+RUN_TIMEOUT_RC = 124  # coreutils `timeout`: the Java program outlived its own limit
 
 
 class RunnerError(ValueError):
@@ -83,8 +84,10 @@ def java_plan(mode: str, program: str, tests: str, cfg: SandboxConfig, timeout: 
              "UTF-8", "-d", "classes"] + (["-cp", cp] if cp else []) + sorted(files)
     java = [_java_bin(cfg, "java"), *_jvm_flags(cfg), "-cp", "classes" + (":" + cp if cp else ""),
             "LeakrayHarness", "{fd}", *extra]
+    # javac gets the compile grace; the program only its own timeout (coreutils exits 124 on expiry)
+    run = ["timeout", "-k", "1", f"{timeout:g}s", *java]
     script = (f"{shlex.join(javac)} 1>&2 || exit {COMPILE_ERROR_RC}\n"
-              f"exec {shlex.join(java)}\n")
+              f"exec {shlex.join(run)}\n")
     return Plan(files, ["/bin/sh", "-c", script], cfg.java_memory_mb, timeout + cfg.compile_grace_s, binds)
 
 
