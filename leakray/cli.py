@@ -1,6 +1,7 @@
-"""`leakray` command line. Each stage owns its subcommands in a `cli` module with
-`register(subparsers)`; modules listed here must stay light to import (heavy
-imports go inside the command functions)."""
+"""leakray: benchmark-leakage detection for code LLMs (screen a corpus, infer membership).
+
+Each stage owns its subcommands in a `cli` module with `register(subparsers)`; modules
+listed here must stay light to import (heavy imports go inside the command functions)."""
 
 from __future__ import annotations
 

@@ -123,8 +123,7 @@ def pretrain(cfg: TinyLMConfig, out_dir: Path, progress: bool = True) -> dict:
 
     expected = cfg.max_steps
     step, t_train = 0, time.perf_counter()
-    bar = tqdm(total=int(cfg.pretrain_seconds), desc="pretrain base LM (s)", disable=not progress,
-               unit="s", bar_format="{l_bar}{bar}| {n:.0f}/{total_fmt}s {postfix}")
+    bar = tqdm(total=cfg.max_steps, desc="pretrain base LM", disable=not progress, unit="step")
     model.train()
     while step < cfg.max_steps:
         elapsed = time.perf_counter() - t_train
@@ -142,9 +141,8 @@ def pretrain(cfg: TinyLMConfig, out_dir: Path, progress: bool = True) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
-        bar.n = min(bar.total, int(time.perf_counter() - t_train))
-        bar.set_postfix(step=step, loss=f"{loss.item():.2f}", refresh=False)
-        bar.refresh()
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.2f}", refresh=False)
     bar.close()
 
     model.eval()
