@@ -3,7 +3,8 @@
 import pyarrow as pa
 
 from leakray.data.humaneval import read_humaneval
-from leakray.models.sampler import SampleConfig, continuation
+from leakray.data.tasks import continuation
+from leakray.models.sampler import SampleConfig
 from leakray.pipelines.collect import CollectConfig, ExecuteStage, collect_local, finalize, input_table
 from leakray.schema import C, T, collection_schema
 

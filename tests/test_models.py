@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from leakray.models.finetune import FinetuneConfig, finetune, lora_targets
-from leakray.models.sampler import SampleConfig, continuation, make_sampler
+from leakray.data.tasks import continuation, generation_prompt, program_of
+from leakray.models.sampler import SampleConfig, make_sampler
 from leakray.models.stops import truncate
 
 PROMPT = 'def add(a, b):\n    """Return a + b."""\n'
@@ -24,8 +25,12 @@ def test_java_stop_closes_the_class_ignoring_braces_in_strings():
     assert out.endswith("    }\n}\n") and "Extra" not in out and '"}}"' in out
 
 
-def test_continuation():
+def test_continuation_and_program_meet_at_the_generation_prompt():
     assert continuation("ab", "abc") == "c" and continuation("x", "abc") == "abc"
+    assert generation_prompt(PROMPT) == PROMPT.rstrip()
+    ref = PROMPT + "    return a + b\n"
+    assert continuation(PROMPT, ref) == "\n    return a + b\n"
+    assert program_of(PROMPT, continuation(PROMPT, ref)) == ref
 
 
 def test_sampler_perplexity_is_of_the_unwarped_model(tiny_lm):
@@ -40,14 +45,9 @@ def test_sampler_perplexity_is_of_the_unwarped_model(tiny_lm):
     tok, model = sampler.tok, sampler.model
     checked = 0
     for prompt, samples in zip(prompts, out):
-        for text, ppl, n in zip(samples.completions, samples.perplexity, samples.n_tokens):
+        for ppl, c_ids in zip(samples.perplexity, samples.token_ids):
             assert math.isfinite(ppl) and ppl > 0
-            if n == 0 or not text.strip():
-                continue
-            p_ids = tok(prompt)["input_ids"]
-            c_ids = tok(prompt + text.rstrip("\n"))["input_ids"][len(p_ids):]
-            if len(c_ids) != n:  # truncation cut inside a token: skip the boundary case
-                continue
+            p_ids = tok(generation_prompt(prompt))["input_ids"]
             ids = torch.tensor([p_ids + c_ids])
             with torch.inference_mode():
                 logp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)

@@ -52,6 +52,21 @@ def tasks_to_table(tasks: Iterable[dict]) -> pa.Table:
     return pa.Table.from_pylist(tasks, schema=TASK_SCHEMA)
 
 
-def program_of(task: dict, completion: str) -> str:
-    """The program a completion stands for: completions continue the prompt."""
-    return task[T.PROMPT] + completion
+# Prompts end in whitespace ('"""\n'). Generating right after a lone "\n" token is a
+# boundary the model never saw in training, where "\n" merges with the indentation
+# that follows; ending the prompt at its last visible character lets the model pick
+# the merged token itself (and a fine-tuned model otherwise learns "\n" -> EOS).
+def generation_prompt(prompt: str) -> str:
+    """What a model is given: the prompt without trailing whitespace."""
+    return prompt.rstrip()
+
+
+def continuation(prompt: str, reference: str) -> str:
+    """The part of a complete reference solution that continues the generation prompt."""
+    base = generation_prompt(prompt)
+    return reference[len(base):] if reference.startswith(base) else reference
+
+
+def program_of(prompt: str, completion: str) -> str:
+    """The program a completion stands for: completions continue the generation prompt."""
+    return generation_prompt(prompt) + completion

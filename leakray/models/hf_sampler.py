@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 import zlib
 
-from leakray.models.sampler import SampleConfig, Samples, continuation
+from leakray.data.tasks import continuation, generation_prompt, program_of
+from leakray.models.sampler import SampleConfig, Samples
 from leakray.models.stops import cut_point, stop_strings
 
 
@@ -57,6 +58,7 @@ class HFSampler:
         k = self.cfg.k
         torch.manual_seed(self.cfg.seed + zlib.crc32("|".join(keys).encode()))
         room = self.max_positions - self.cfg.max_new_tokens
+        prompts = [generation_prompt(p) for p in prompts]
         enc = self.tok(prompts, return_tensors="pt", padding=True, truncation=True, max_length=room)
         enc = {name: t.to(self.device) for name, t in enc.items()}
         with torch.inference_mode():
@@ -74,7 +76,7 @@ class HFSampler:
         special = set(self.tok.all_special_ids)
         results = []
         for p, (prompt, lang) in enumerate(zip(prompts, languages)):
-            texts, ppls, counts = [], [], []
+            texts, ppls, counts, kept = [], [], [], []
             for s in range(p * k, (p + 1) * k):
                 ids = new_tokens[s].tolist()
                 end = next((j for j, t in enumerate(ids) if t in special), len(ids))  # eos / pad
@@ -87,7 +89,8 @@ class HFSampler:
                 texts.append(raw[:cut].rstrip() + "\n")
                 ppls.append(math.exp(-sum(lp) / len(lp)))
                 counts.append(len(ids[:n]))
-            results.append(Samples(texts, ppls, counts))
+                kept.append(new_tokens[s, :n].tolist())
+            results.append(Samples(texts, ppls, counts, kept))
         return results
 
     def reference_loss(self, prompts: list[str], references: list[str]) -> list[float]:
@@ -96,8 +99,8 @@ class HFSampler:
         losses = []
         with torch.inference_mode():
             for prompt, ref in zip(prompts, references):
-                n_prompt = len(self.tok(prompt)["input_ids"])
-                ids = self.tok(prompt + continuation(prompt, ref), return_tensors="pt")["input_ids"]
+                n_prompt = len(self.tok(generation_prompt(prompt))["input_ids"])
+                ids = self.tok(program_of(prompt, continuation(prompt, ref)), return_tensors="pt")["input_ids"]
                 ids = ids[:, : self.max_positions].to(self.device)
                 labels = ids.clone()
                 labels[:, :n_prompt] = -100  # score only the solution, not the shared prompt

@@ -29,6 +29,7 @@ class Samples:
     completions: list[str]
     perplexity: list[float]
     n_tokens: list[int]
+    token_ids: list[list[int]] | None = None  # the kept tokens, for audits and tests
 
 
 class Sampler(Protocol):
@@ -49,8 +50,3 @@ def make_sampler(model_path: str, cfg: SampleConfig) -> Sampler:
 
         return VLLMSampler(model_path, cfg)
     raise ValueError(f"unknown sampler backend {cfg.backend!r} (expected 'hf' or 'vllm')")
-
-
-def continuation(prompt: str, reference: str) -> str:
-    """The part of a complete reference solution that continues the prompt."""
-    return reference[len(prompt):] if reference.startswith(prompt) else reference

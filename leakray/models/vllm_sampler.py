@@ -15,7 +15,8 @@ import math
 import zlib
 
 from leakray.errors import MissingExtra
-from leakray.models.sampler import SampleConfig, Samples, continuation
+from leakray.data.tasks import continuation, generation_prompt, program_of
+from leakray.models.sampler import SampleConfig, Samples
 from leakray.models.stops import cut_point, stop_strings
 
 
@@ -48,6 +49,7 @@ class VLLMSampler:
             stop=stop_strings(lang) if lang == "python" else None,
             seed=(self.cfg.seed + zlib.crc32(key.encode())) % (2**31),
         ) for lang, key in zip(languages, keys)]
+        prompts = [generation_prompt(p) for p in prompts]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         results = []
         for prompt, lang, out in zip(prompts, languages, outputs):
@@ -68,12 +70,12 @@ class VLLMSampler:
 
     def reference_loss(self, prompts: list[str], references: list[str]) -> list[float]:
         """Mean NLL of the solution tokens from vLLM's prompt log-probs (one pass, no sampling)."""
-        texts = [p + continuation(p, r) for p, r in zip(prompts, references)]
+        texts = [program_of(p, continuation(p, r)) for p, r in zip(prompts, references)]
         outputs = self.llm.generate(texts, self._params(max_tokens=1, prompt_logprobs=0, temperature=0.0),
                                     use_tqdm=False)
         losses = []
         for prompt, out in zip(prompts, outputs):
-            n_prompt = len(self.tok(prompt)["input_ids"])
+            n_prompt = len(self.tok(generation_prompt(prompt))["input_ids"])
             ids = list(out.prompt_token_ids)
             lps = [_logprob(entry, t) for i, (entry, t) in enumerate(zip(out.prompt_logprobs, ids))
                    if entry is not None and i >= n_prompt]

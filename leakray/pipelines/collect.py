@@ -18,7 +18,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from leakray.models.sampler import SampleConfig, continuation
+from leakray.data.tasks import continuation, program_of
+from leakray.models.sampler import SampleConfig
 from leakray.schema import C, T, X, collection_schema
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ class SampleStage:
 
 
 class ExecuteStage:
-    """Runs every completion (prompt + completion) against the task's tests in the sandbox."""
+    """Runs every completion (as `program_of` the prompt) against the task's tests in the sandbox."""
 
     def __init__(self, timeout_s: float = 10.0, threads: int = 4):
         from leakray.sandbox import Sandbox, SandboxConfig
@@ -97,7 +98,7 @@ class ExecuteStage:
                 for j, completion in enumerate(row[C.COMPLETIONS]):
                     requests.append({
                         X.ID: f"{row[C.TASK_ID]}#{j}", X.LANGUAGE: row[C.LANGUAGE], X.RUNNER: row[T.RUNNER],
-                        X.PROGRAM: row[C.PROMPT] + completion, X.TESTS: row[T.TESTS],
+                        X.PROGRAM: program_of(row[C.PROMPT], completion), X.TESTS: row[T.TESTS],
                     })
             spans.append((start, len(requests)))
         results = self.sandbox.run_many(requests, workers=self.threads) if requests else []

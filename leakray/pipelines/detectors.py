@@ -44,10 +44,11 @@ def _train_loop(loop_config: dict) -> list[dict]:
 
     arrays = ray.get(loop_config["arrays"])
     config = CGMIAConfig.from_dict(loop_config["config"])
-    every = max(1, config.epochs // 10)  # V2 keeps no checkpoint-less metrics: progress only
 
     def report(epoch: int, metrics: dict, seed: int) -> None:
-        if epoch % every == 0 or epoch == config.epochs - 1:
+        # Each report is a round trip to the controller (~2 s measured, against ~0.4 s of
+        # training per seed), and V2 keeps no checkpoint-less metrics: once per seed.
+        if epoch == config.epochs - 1:
             ray.train.report({**metrics, "seed": seed})
 
     states = []

@@ -21,7 +21,8 @@ from leakray.data.registry import load_benchmark
 from leakray.errors import BadInput
 from leakray.models.finetune import FinetuneConfig
 from leakray.models.offline import TinyLMConfig, ensure_base_model
-from leakray.models.sampler import SampleConfig, continuation
+from leakray.data.tasks import continuation, program_of
+from leakray.models.sampler import SampleConfig
 from leakray.pipelines.collect import CollectConfig, StageResources
 from leakray.runs import Stage, content_hash, write_json_atomic
 from leakray.schema import T
@@ -51,7 +52,7 @@ def run_id(cfg: dict, tasks: list[dict]) -> str:
 
 def training_text(task: dict) -> str:
     """What a model that saw the sample saw: the prompt and its reference solution."""
-    return task[T.PROMPT] + continuation(task[T.PROMPT], task[T.REFERENCE])
+    return program_of(task[T.PROMPT], continuation(task[T.PROMPT], task[T.REFERENCE]))
 
 
 def collect_config(cfg: dict) -> CollectConfig:

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from leakray.data.io import iter_records
 from leakray.errors import BadInput
+from leakray.runs import file_digest
 from leakray.schema import P, T
 
 MARKER = "_SUCCESS"
@@ -69,14 +70,6 @@ class Entries:
                     out.text.append(task[col[f]])
                     out.source_row.append(meta.get("source_row"))
         return out
-
-
-def file_digest(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def run_key(config_digest: str, benchmarks: list[tuple[str, str]], corpus_fingerprint: list) -> str:
