@@ -1,5 +1,6 @@
-"""End to end: the simulated-leakage protocol submitted as a Ray job to a real local head,
-then resumed in-process from its completion markers. Small k, few epochs."""
+"""End to end on a real local head (`ray start --head`) through `ray job submit`: the
+simulated-leakage protocol (small k, few epochs), resumed in-process from its completion
+markers, and a screening job."""
 
 import json
 import os
@@ -24,7 +25,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def ray_head():
     """A real head node (`ray start --head`), torn down by its own temp dir: `ray stop`
     would stop every Ray on the machine. The temp dir is short because Ray's Unix sockets
@@ -49,22 +50,41 @@ def ray_head():
         shutil.rmtree(temp, ignore_errors=True)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_simulate_job_submit_then_resume(ray_head, tmp_path):
-    ray, dashboard, gcs, env = ray_head
-    out, cache = tmp_path / "runs", tmp_path / "cache"
-    runtime_env = json.dumps({"env_vars": {"LEAKRAY_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}})
+def _submit(ray_head, job: list[str], env_vars: dict | None = None) -> subprocess.CompletedProcess:
+    ray, dashboard, _, env = ray_head
+    runtime_env = json.dumps({"env_vars": {"HF_HUB_OFFLINE": "1", **(env_vars or {})}})
     for _ in range(20):  # the head's job agent comes up a few seconds after `ray start`
         proc = subprocess.run(
             [ray, "job", "submit", "--address", dashboard, "--working-dir", str(ROOT),
-             "--runtime-env-json", runtime_env, "--", "python", "jobs/simulate.py", *SMALL, "--output", str(out)],
+             "--runtime-env-json", runtime_env, "--", "python", *job],
             env=env, capture_output=True, text=True, timeout=840, cwd=ROOT)
         if "No available agent" not in proc.stderr + proc.stdout:
             break
         time.sleep(3)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "succeeded" in proc.stdout
+    return proc
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_screen_job_submit(ray_head, tmp_path):
+    fix = ROOT / "tests" / "fixtures" / "screen"
+    out = tmp_path / "screen"
+    _submit(ray_head, ["jobs/screen.py", "--benchmark", f"humaneval={fix / 'humaneval.jsonl'}",
+                       "--corpus", str(fix / "corpus"), "--output", str(out)])
+    summary = json.loads((out / "summary.json").read_text())
+    he = summary["benchmarks"]["humaneval"]
+    assert he["n_leaked"] >= 1 and 0 < he["ratio"] <= 1
+    assert (out / "pairs.parquet").exists() and (out / "labels.csv").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_simulate_job_submit_then_resume(ray_head, tmp_path):
+    _, _, gcs, env = ray_head
+    out, cache = tmp_path / "runs", tmp_path / "cache"
+    _submit(ray_head, ["jobs/simulate.py", *SMALL, "--output", str(out)], {"LEAKRAY_CACHE": str(cache)})
     (run_dir,) = out.iterdir()
     report = json.loads((run_dir / "report.json").read_text())
     for name in ("cgmia", "detectleak"):
