@@ -116,12 +116,11 @@ def pretrain(cfg: TinyLMConfig, out_dir: Path, progress: bool = True) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
     gen = torch.Generator().manual_seed(cfg.seed)
 
-    def lr_at(step: int) -> float:  # warmup, then cosine over the expected step count
-        if step < cfg.warmup_steps:
+    def lr_at(step: int) -> float:  # warmup, then cosine over max_steps: never over the clock,
+        if step < cfg.warmup_steps:  # so the same config gives the same model on any machine
             return cfg.lr * (step + 1) / cfg.warmup_steps
-        return cfg.lr * max(0.1, 0.5 * (1 + math.cos(math.pi * min(1.0, step / max(1, expected)))))
+        return cfg.lr * max(0.1, 0.5 * (1 + math.cos(math.pi * min(1.0, step / cfg.max_steps))))
 
-    expected = cfg.max_steps
     step, t_train = 0, time.perf_counter()
     bar = tqdm(total=cfg.max_steps, desc="pretrain base LM", disable=not progress, unit="step")
     model.train()
@@ -129,8 +128,6 @@ def pretrain(cfg: TinyLMConfig, out_dir: Path, progress: bool = True) -> dict:
         elapsed = time.perf_counter() - t_train
         if elapsed >= cfg.pretrain_seconds:
             break
-        if step == 20:  # once speed is known, fit the cosine schedule to the time budget
-            expected = min(cfg.max_steps, int(cfg.pretrain_seconds / (elapsed / step)))
         starts = torch.randint(0, len(train) - cfg.block_size - 1, (cfg.batch_size,), generator=gen)
         batch = torch.stack([train[s: s + cfg.block_size] for s in starts])
         for group in opt.param_groups:
@@ -151,7 +148,8 @@ def pretrain(cfg: TinyLMConfig, out_dir: Path, progress: bool = True) -> dict:
         val_loss = float(sum(model(input_ids=b[None], labels=b[None]).loss for b in blocks) / len(blocks))
     model.save_pretrained(out_dir)
     stats = {
-        "config": asdict(cfg), "steps": step, "val_loss": round(val_loss, 4),
+        "config": asdict(cfg), "steps": step, "stopped_by_time_cap": step < cfg.max_steps,
+        "val_loss": round(val_loss, 4),
         "train_tokens": int(len(train)), "parameters": sum(p.numel() for p in model.parameters()),
         "seconds_tokenizer": round(t_tok, 1), "seconds_total": round(time.perf_counter() - t0, 1),
     }
