@@ -9,8 +9,6 @@ at least once, so rows are keyed by task id and deduplicated when read back.
 from __future__ import annotations
 
 import json
-import logging
-import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,7 +20,6 @@ from leakray.data.tasks import continuation, program_of
 from leakray.models.sampler import SampleConfig
 from leakray.schema import C, T, X, collection_schema
 
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -238,9 +235,3 @@ def collection_stats(table: pa.Table, seconds: float) -> dict:
 def write_collection(table: pa.Table, path: Path, stats: dict) -> None:
     pq.write_table(table, path)
     path.with_suffix(".stats.json").write_text(json.dumps(stats, indent=2))
-
-
-def timed(fn, *args, **kwargs):
-    t0 = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return out, time.perf_counter() - t0

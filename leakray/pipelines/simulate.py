@@ -9,7 +9,6 @@ the run directory, which is keyed by a hash of the config and the benchmark's co
 from __future__ import annotations
 
 import json
-import logging
 import time
 from pathlib import Path
 
@@ -27,7 +26,6 @@ from leakray.pipelines.collect import CollectConfig, StageResources
 from leakray.runs import Stage, content_hash, write_json_atomic
 from leakray.schema import T
 
-log = logging.getLogger(__name__)
 
 # Config sections that change where/how fast it runs, not what it computes.
 _NOT_HASHED = ("output_dir", "ray")
