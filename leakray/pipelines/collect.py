@@ -21,7 +21,6 @@ from leakray.models.sampler import SampleConfig
 from leakray.schema import C, T, X, collection_schema
 
 
-
 @dataclass
 class StageResources:
     actors: int = 1
