@@ -57,7 +57,7 @@ class Sandbox:
             self._uids = None
         # the interpreter may live under a hidden directory (pyenv in /root): show it again, read-only
         java = [os.path.join(self.config.java_home, "bin", "java")] if self.config.java_home else []
-        self._exposed = iso.exposed_paths([self.config.python] + java)
+        self._exposed = iso.exposed_paths([self.config.python] + java, [os.path.dirname(os.path.abspath(__file__))])
         self._zygotes = None
         if self.config.warm and self.isolation == iso.BWRAP and self._uids is not None:
             self._zygotes = warm.ZygotePool(self._new_zygote)

@@ -190,16 +190,21 @@ def bwrap_argv(*, files: dict[str, int], work_dir_mb: int, env: dict[str, str], 
 
 
 HIDDEN = ("/root", "/home", "/run", "/var/run", "/var/tmp", "/dev/shm", "/mnt", "/media")
+# Masked inside the sandbox: the hidden directories and the private /tmp. An interpreter
+# installed under one of them (a venv in a checkout under /tmp, pyenv under /root) is bound back.
+MASKED = HIDDEN + ("/tmp",)
 
 
-def exposed_paths(executables: list[str]) -> list[tuple[str, str]]:
-    """Install prefixes of `executables` that lie under a hidden directory, to bind back read-only."""
+def exposed_paths(executables: list[str], dirs: list[str] = ()) -> list[tuple[str, str]]:
+    """Install prefixes of `executables`, and `dirs`, that lie under a masked directory, to bind
+    back read-only (the harness files live in this package, wherever it is installed)."""
     out: list[tuple[str, str]] = []
-    for exe in executables:
-        for path in {os.path.dirname(os.path.dirname(os.path.abspath(exe))),
-                     os.path.dirname(os.path.dirname(os.path.realpath(exe)))}:
-            if any(path == h or path.startswith(h + "/") for h in HIDDEN) and (path, path) not in out:
-                out.append((path, path))
+    candidates = [p for exe in executables for p in (os.path.dirname(os.path.dirname(os.path.abspath(exe))),
+                                                      os.path.dirname(os.path.dirname(os.path.realpath(exe))))]
+    candidates += [os.path.realpath(d) for d in dirs]
+    for path in candidates:
+        if any(path == h or path.startswith(h + "/") for h in MASKED) and (path, path) not in out:
+            out.append((path, path))
     return out
 
 
