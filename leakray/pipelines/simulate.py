@@ -82,7 +82,7 @@ def validate_config(cfg: dict) -> None:
         raise BadInput("detect.seeds must list at least one seed")
 
 
-def base_model(cfg: dict, stage: Stage) -> tuple[str, dict]:
+def base_model(cfg: dict) -> tuple[str, dict]:
     base = cfg["model"]["base"]
     if base != "tiny":
         return base, {"name": base}
@@ -121,7 +121,7 @@ def run_simulation(cfg: dict) -> Path:
     # 2. base model (cached across runs)
     stage = Stage(run_dir, "base").start()
     if not stage.done:
-        path, stats = base_model(cfg, stage)
+        path, stats = base_model(cfg)
         stage.finish(path=path, stats=stats)
     base_info = stage.info()
     _say(f"base model {base_info['path']} ({base_info['stats'].get('val_loss', '?')} val loss)")
