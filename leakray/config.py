@@ -11,13 +11,7 @@ import yaml
 
 from leakray.errors import BadInput
 
-DEFAULT = Path(__file__).resolve().parent.parent / "conf" / "default.yaml"
-
-
-def _packaged_default() -> Path:
-    # Installed (non-editable) copies carry conf/ as package data next to the modules.
-    local = Path(__file__).resolve().parent / "conf" / "default.yaml"
-    return DEFAULT if DEFAULT.exists() else local
+DEFAULT = Path(__file__).resolve().parent.parent / "conf" / "default.yaml"  # the checkout's conf/
 
 
 def merge(base: dict, update: dict) -> dict:
@@ -47,7 +41,7 @@ def apply_override(cfg: dict, item: str) -> dict:
 
 def load_config(paths: list[str | Path] = (), overrides: list[str] = ()) -> dict:
     cfg: dict = {}
-    for path in [_packaged_default(), *paths]:
+    for path in [DEFAULT, *paths]:
         path = Path(path)
         try:
             cfg = merge(cfg, yaml.safe_load(path.read_text()) or {})

@@ -8,7 +8,7 @@ import math
 import zlib
 
 from leakray.data.tasks import continuation, generation_prompt, program_of
-from leakray.models.sampler import SampleConfig, Samples
+from leakray.models.sampler import SampleConfig, Samples, tokens_covering
 from leakray.models.stops import cut_point, stop_strings
 
 
@@ -18,14 +18,6 @@ def _device(name: str):
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
-
-
-def _tokens_covering(tok, ids: list[int], n_chars: int) -> int:
-    """Fewest leading tokens whose decoded text covers the first `n_chars` characters."""
-    for j in range(1, len(ids) + 1):
-        if len(tok.decode(ids[:j], skip_special_tokens=True)) >= n_chars:
-            return j
-    return len(ids)
 
 
 class HFSampler:
@@ -84,7 +76,7 @@ class HFSampler:
                 raw = self.tok.decode(ids, skip_special_tokens=True)
                 cut = cut_point(prompt, raw, lang)
                 # at least one token: an immediate end-of-sequence has a probability too
-                n = max(1, _tokens_covering(self.tok, ids, cut) if ids else 1)
+                n = max(1, tokens_covering(self.tok, ids, cut) if ids else 1)
                 lp = logprobs[s, :n].tolist()
                 texts.append(raw[:cut].rstrip() + "\n")
                 ppls.append(math.exp(-sum(lp) / len(lp)))

@@ -167,7 +167,8 @@ def ensure_base_model(cfg: TinyLMConfig | None = None, progress: bool = True) ->
         import json
 
         return out, {**json.loads(stats_file.read_text()), "cached": True}
-    tmp = out.with_name(out.name + ".partial")
+    tmp = out.with_name(out.name + ".partial")  # renamed only when complete: a killed build is redone
     stats = pretrain(cfg, tmp, progress=progress)
-    tmp.rename(out) if not out.exists() else None
+    if not out.exists():
+        tmp.rename(out)
     return out, {**stats, "cached": False}

@@ -40,6 +40,15 @@ class Sampler(Protocol):
         """Mean token NLL of each reference's continuation of its prompt."""
 
 
+def tokens_covering(tok, ids: list[int], n_chars: int) -> int:
+    """Fewest leading tokens whose decoded text covers the first `n_chars` characters
+    (where a completion was cut, in tokens: perplexity is over the kept tokens only)."""
+    for j in range(1, len(ids) + 1):
+        if len(tok.decode(ids[:j], skip_special_tokens=True)) >= n_chars:
+            return j
+    return len(ids)
+
+
 def make_sampler(model_path: str, cfg: SampleConfig) -> Sampler:
     if cfg.backend == "hf":
         from leakray.models.hf_sampler import HFSampler

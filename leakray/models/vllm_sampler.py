@@ -16,7 +16,7 @@ import zlib
 
 from leakray.errors import MissingExtra
 from leakray.data.tasks import continuation, generation_prompt, program_of
-from leakray.models.sampler import SampleConfig, Samples
+from leakray.models.sampler import SampleConfig, Samples, tokens_covering
 from leakray.models.stops import cut_point, stop_strings
 
 
@@ -57,10 +57,8 @@ class VLLMSampler:
             for comp in out.outputs:
                 ids = list(comp.token_ids)
                 cut = cut_point(prompt, comp.text, lang)
-                n = len(ids)
-                if cut < len(comp.text):  # Java: the class closed before the budget ran out
-                    n = next((j for j in range(1, len(ids) + 1)
-                              if len(self.tok.decode(ids[:j], skip_special_tokens=True)) >= cut), len(ids))
+                # vLLM already stopped at Python's stop strings; Java closes by brace count
+                n = tokens_covering(self.tok, ids, cut) if cut < len(comp.text) else len(ids)
                 lps = [_logprob(entry, t) for entry, t in zip(comp.logprobs[:max(1, n)], ids)]
                 texts.append(comp.text[:cut].rstrip() + "\n")
                 ppls.append(math.exp(-sum(lps) / len(lps)) if lps else math.nan)

@@ -107,10 +107,8 @@ def type_names(src: str) -> list[str]:
 MAIN_HARNESS = r"""
 public final class LeakrayHarness {
     public static void main(String[] args) throws Exception {
-        java.nio.file.Path p = java.nio.file.Paths.get(".leakray_token");
-        byte[] token = java.nio.file.Files.readAllBytes(p);
-        java.nio.file.Files.delete(p);
-        java.io.FileOutputStream out = new java.io.FileOutputStream("/proc/self/fd/" + args[0]);
+        byte[] token = LeakrayReport.takeToken();  // a local: not reachable by reflection, unlike a field
+        java.io.FileOutputStream out = LeakrayReport.channel(args[0]);
         String status;
         try {
             java.lang.reflect.Method m = Class.forName("Main").getDeclaredMethod("main", String[].class);
@@ -144,10 +142,8 @@ import org.junit.platform.engine.discovery.DiscoverySelectors;
 
 public final class LeakrayHarness {
     public static void main(String[] args) throws Exception {
-        java.nio.file.Path p = java.nio.file.Paths.get(".leakray_token");
-        byte[] token = java.nio.file.Files.readAllBytes(p);
-        java.nio.file.Files.delete(p);
-        java.io.FileOutputStream out = new java.io.FileOutputStream("/proc/self/fd/" + args[0]);
+        byte[] token = LeakrayReport.takeToken();  // a local: not reachable by reflection, unlike a field
+        java.io.FileOutputStream out = LeakrayReport.channel(args[0]);
         String status;
         try {
             LauncherDiscoveryRequestBuilder b = LauncherDiscoveryRequestBuilder.request();
@@ -175,6 +171,18 @@ public final class LeakrayHarness {
 
 REPORT = r"""
 final class LeakrayReport {
+    /** The run's token, read once and deleted before any untrusted code runs. */
+    static byte[] takeToken() throws java.io.IOException {
+        java.nio.file.Path p = java.nio.file.Paths.get(".leakray_token");
+        byte[] token = java.nio.file.Files.readAllBytes(p);
+        java.nio.file.Files.delete(p);
+        return token;
+    }
+
+    static java.io.FileOutputStream channel(String fd) throws java.io.IOException {
+        return new java.io.FileOutputStream("/proc/self/fd/" + fd);
+    }
+
     static void send(java.io.FileOutputStream out, byte[] token, String status) {
         System.out.flush();
         System.err.flush();

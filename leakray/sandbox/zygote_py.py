@@ -46,6 +46,8 @@ def _write_frame(fh, obj) -> None:
 
 
 def _kill_uid(uid: int) -> None:
+    # core._kill_uid's twin: this file runs inside the sandbox on the stdlib alone (`python -I`),
+    # so it cannot import leakray.
     pid = os.fork()
     if pid == 0:
         try:
