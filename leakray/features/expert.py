@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
+import textwrap
 from collections import Counter
 from typing import Any, Iterable, Mapping
 
@@ -30,7 +31,26 @@ CB_ERROR = "codebleu_error"
 # the reference is exactly the membership signal we want to keep.
 CB_SYNTAX = "prediction_syntax_error"
 
+# Reference side: the reference's comparable text does not parse (counted per stage).
+REF_SYNTAX = "reference_syntax_error"
+PARSE_NOTES = (CB_SYNTAX, REF_SYNTAX)
+
 _CODEBLEU_LANG = {"python": "python", "java": "java"}
+
+
+def comparable(prompt: str, code: str, language: str, *, reference: bool = False) -> str:
+    """The text CodeBLEU, edit distance and the encoder see, built alike for both sides.
+
+    Python: the code after the prompt (a completion, or the reference's continuation),
+    dedented, so a function body parses as statements and the shared prompt does not
+    dilute the similarity. Java: the whole program (prompt + completion vs the complete
+    reference), since a method body alone never parses."""
+    from leakray.data.tasks import continuation, program_of
+
+    if language == "java":
+        return code if reference else program_of(prompt, code)
+    text = continuation(prompt, code) if reference else code
+    return textwrap.dedent(text.expandtabs(8)).strip("\n") + "\n"
 
 # Words (identifiers, keywords, numbers) or single non-space characters. Strings and
 # comments are split the same way on both sides, so a one-word change in a docstring
@@ -134,7 +154,7 @@ def _require(batch: Mapping[str, Any], names: Iterable[str]) -> None:
 
 
 def score_batch(batch: Mapping[str, Any], *, zero_on_syntax_error: bool = False,
-                stats: Counter | None = None) -> dict[str, Any]:
+                stats: Counter | None = None, row_stats: list[Counter] | None = None) -> dict[str, Any]:
     """Add C.CODEBLEU, C.EDIT_DISTANCE (k floats each) and C.EXPERT (4k floats) to a batch.
 
     Reads C.REFERENCE, C.LANGUAGE, C.COMPLETIONS (k *program* texts: prompt + completion),
@@ -142,7 +162,9 @@ def score_batch(batch: Mapping[str, Any], *, zero_on_syntax_error: bool = False,
     order: perplexity*k, codebleu*k, edit*k, pass*k (pass as 0/1; NO_TESTS_PASS_VALUE
     when the task has no tests). New columns are lists of 1-D float32 arrays, one per row,
     which ``pa.array(..., pa.list_(pa.float32()))`` takes as-is.
-    ``stats`` (if given) accumulates rows and CodeBLEU zeroing reasons for the stage report.
+    ``stats`` (if given) accumulates rows and CodeBLEU zeroing reasons for the stage report;
+    ``row_stats`` (one Counter per row, if given) gets the same reasons per row, plus
+    REF_SYNTAX when the reference itself does not parse.
     """
     if hasattr(batch, "to_pydict"):  # a pyarrow Table
         batch = batch.to_pydict()
@@ -179,8 +201,12 @@ def score_batch(batch: Mapping[str, Any], *, zero_on_syntax_error: bool = False,
             raise BadInput(f"non-finite perplexity {ppl.tolist()}", row=i, field=C.PERPLEXITY)
         if has_tests[i] is None:
             raise BadInput("missing", row=i, field=C.HAS_TESTS)
-        cb = np.array([codebleu(ref, p or "", lang, reasons=stats,
+        reasons = row_stats[i] if row_stats is not None else Counter()
+        if _parser(lang).parse(ref.encode("utf8")).root_node.has_error:
+            reasons[REF_SYNTAX] += 1
+        cb = np.array([codebleu(ref, p or "", lang, reasons=reasons,
                                 zero_on_syntax_error=zero_on_syntax_error) for p in progs])
+        stats.update(reasons)
         ed = np.array([edit_distance(ref, p or "") for p in progs])
         if bool(has_tests[i]):
             if any(v is None for v in passed[i]):

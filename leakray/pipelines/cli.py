@@ -11,29 +11,33 @@ QUICK = [
 ]
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", action="append", default=[], help="YAML merged over conf/default.yaml")
+def add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", action="append", default=[], help="YAML merged over the packaged defaults")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one value, e.g. --set target.epochs=15 (repeatable)")
     p.add_argument("--output", help="runs directory (default: output_dir in the config)")
     p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else a local Ray)")
-    p.add_argument("--quick", action="store_true", help="smoke-sized protocol: " + " ".join(QUICK))
+    p.add_argument("--verbose", action="store_true", help="show Ray's and the workers' logs on the console")
 
 
-def run(args) -> int:
-    import logging
-
+def config_from_args(args, extra: list[str] = ()):
+    """The typed, validated config (or one BadInput line) from --config/--set/--output/--address."""
     from leakray.config import load_config
-    from leakray.pipelines.simulate import run_simulation
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    overrides = (QUICK if args.quick else []) + list(args.overrides)
+    overrides = list(extra) + list(args.overrides)
     if args.output:
         overrides.append(f"output_dir={args.output}")
     if args.address:
         overrides.append(f"ray.address={args.address}")
-    cfg = load_config(args.config, overrides)
-    run_simulation(cfg)
+    return load_config(args.config, overrides)
+
+
+def run(args) -> int:
+    from leakray.console import Console
+    from leakray.pipelines.simulate import run_simulation
+
+    cfg = config_from_args(args, QUICK if args.quick else [])  # validated before any stage
+    run_simulation(cfg, Console(verbose=args.verbose))
     return 0
 
 
@@ -41,5 +45,6 @@ def register(sub) -> None:
     for name, help_ in (("demo", "offline demo: the CGMIA simulated-leakage protocol on HumanEval, local models"),
                         ("simulate", "the simulated-leakage protocol with a given config")):
         p = sub.add_parser(name, help=help_, description=help_)
-        _add_common(p)
+        add_config_args(p)
+        p.add_argument("--quick", action="store_true", help="smoke-sized protocol: " + " ".join(QUICK))
         p.set_defaults(func=run)

@@ -9,6 +9,7 @@ at least once, so rows are keyed by task id and deduplicated when read back.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ class CollectConfig:
     sample: SampleConfig = field(default_factory=SampleConfig)
     execute_timeout_s: float = 10.0
     execute_threads: int = 4
+    allow_weak_isolation: bool = False
     embed_model: str = "minilm"
     embed_max_tokens: int = 510
     embed_stride: int = 256
@@ -68,21 +70,26 @@ class SampleStage:
     def __call__(self, batch: pa.Table) -> pa.Table:
         prompts, refs = _col(batch, C.PROMPT), _col(batch, C.REFERENCE)
         samples = self.sampler.sample(prompts, _col(batch, C.LANGUAGE), _col(batch, C.TASK_ID))
+        losses = self.sampler.reference_loss(prompts, refs)
+        notes = [list(getattr(s, "notes", None) or []) for s in samples]
+        for row, loss in zip(notes, losses):
+            if math.isnan(loss) and not any(n.startswith("ref_loss") for n in row):
+                row.append("ref_loss_unscorable")
         return _with(batch, {
             C.COMPLETIONS: [s.completions for s in samples],
             C.PERPLEXITY: [s.perplexity for s in samples],
             C.N_TOKENS: [s.n_tokens for s in samples],
-            C.REF_LOSS: self.sampler.reference_loss(prompts, refs),
+            C.REF_LOSS: losses, C.NOTES: notes,
         })
 
 
 class ExecuteStage:
     """Runs every completion (as `program_of` the prompt) against the task's tests in the sandbox."""
 
-    def __init__(self, timeout_s: float = 10.0, threads: int = 4):
+    def __init__(self, timeout_s: float = 10.0, threads: int = 4, allow_weak_isolation: bool = False):
         from leakray.sandbox import Sandbox, SandboxConfig
 
-        self.sandbox = Sandbox(SandboxConfig(timeout_s=timeout_s))
+        self.sandbox = Sandbox(SandboxConfig(timeout_s=timeout_s, allow_weak_isolation=allow_weak_isolation))
         self.threads = threads
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -113,36 +120,42 @@ class ExecuteStage:
 
 
 def solutions(batch: pa.Table) -> tuple[list[list[str]], list[str]]:
-    """What is compared and embedded: the solution part of each program and of the reference.
+    """What is compared and embedded, both sides alike (`features.expert.comparable`)."""
+    from leakray.features.expert import comparable
 
-    The prompt is shared by every program of a task, so comparing whole programs would
-    measure prompt length as much as similarity; CGMIA compares the generated code."""
-    refs = [continuation(p, r) for p, r in zip(_col(batch, C.PROMPT), _col(batch, C.REFERENCE))]
-    return _col(batch, C.COMPLETIONS), refs
+    prompts, langs = _col(batch, C.PROMPT), _col(batch, C.LANGUAGE)
+    comps = [[comparable(p, c, lang) for c in row]
+             for p, row, lang in zip(prompts, _col(batch, C.COMPLETIONS), langs)]
+    refs = [comparable(p, r, lang, reference=True)
+            for p, r, lang in zip(prompts, _col(batch, C.REFERENCE), langs)]
+    return comps, refs
 
 
 def score_stage(batch: pa.Table) -> pa.Table:
     from leakray.features.expert import score_batch
 
     completions, refs = solutions(batch)
+    notes = [Counter() for _ in refs]
     scored = score_batch({
         C.REFERENCE: refs, C.LANGUAGE: _col(batch, C.LANGUAGE), C.COMPLETIONS: completions,
         C.PERPLEXITY: _col(batch, C.PERPLEXITY), C.PASSED: _col(batch, C.PASSED),
         C.HAS_TESTS: _col(batch, C.HAS_TESTS),
-    })
-    return _with(batch, {name: [list(map(float, v)) for v in scored[name]]
-                         for name in (C.CODEBLEU, C.EDIT_DISTANCE, C.EXPERT)})
+    }, row_stats=notes)
+    previous = _col(batch, C.NOTES) if C.NOTES in batch.column_names else [[] for _ in refs]
+    return _with(batch, {**{name: [list(map(float, v)) for v in scored[name]]
+                            for name in (C.CODEBLEU, C.EDIT_DISTANCE, C.EXPERT)},
+                         C.NOTES: [list(prev or []) + sorted(n.elements()) for prev, n in zip(previous, notes)]})
 
 
 class EmbedStage:
     """Sliding-window encoder embeddings of the k solutions (k*d, row-major) and the reference (d)."""
 
-    def __init__(self, model: str, max_tokens: int, stride: int, batch_size: int):
+    def __init__(self, model: str, max_tokens: int, stride: int, batch_size: int, device: str = "cpu"):
         from leakray.features.embed import SlidingWindowEmbedder
         from leakray.models.encoders import resolve_encoder
 
-        self.embedder = SlidingWindowEmbedder(resolve_encoder(model), max_tokens=max_tokens, stride=stride,
-                                              batch_size=batch_size)
+        self.embedder = SlidingWindowEmbedder(resolve_encoder(model), device=device, max_tokens=max_tokens,
+                                              stride=stride, batch_size=batch_size)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         completions, refs = solutions(batch)
@@ -152,6 +165,11 @@ class EmbedStage:
         gen = vectors[: n * k].reshape(n, -1)
         return _with(batch, {C.GEN_EMBEDDING: [list(map(float, g)) for g in gen],
                              C.REF_EMBEDDING: [list(map(float, r)) for r in vectors[n * k:]]})
+
+
+def embed_device(cfg: CollectConfig) -> str:
+    """The encoder runs where its actors were placed: on their GPU share when they have one."""
+    return "cuda" if cfg.embed_resources.gpus else "cpu"
 
 
 def input_table(tasks: list[dict], folds: dict[str, int], members: set[str]) -> pa.Table:
@@ -170,8 +188,9 @@ def input_table(tasks: list[dict], folds: dict[str, int], members: set[str]) -> 
 def collect_local(table: pa.Table, model_path: str, cfg: CollectConfig) -> pa.Table:
     """The same stages in-process, batch by batch (tests, debugging)."""
     sample = SampleStage(model_path, asdict(cfg.sample))
-    execute = ExecuteStage(cfg.execute_timeout_s, cfg.execute_threads)
-    embed = EmbedStage(cfg.embed_model, cfg.embed_max_tokens, cfg.embed_stride, cfg.embed_batch_size)
+    execute = ExecuteStage(cfg.execute_timeout_s, cfg.execute_threads, cfg.allow_weak_isolation)
+    embed = EmbedStage(cfg.embed_model, cfg.embed_max_tokens, cfg.embed_stride, cfg.embed_batch_size,
+                       embed_device(cfg))
     parts = []
     for batch in table.to_batches(max_chunksize=cfg.batch_size):
         parts.append(embed(score_stage(execute(sample(pa.Table.from_batches([batch]))))))
@@ -208,12 +227,13 @@ def collect_on_ray(table: pa.Table, model_path: str, cfg: CollectConfig, out_dir
                                                             "sample": asdict(cfg.sample)},
                         batch_size=cfg.batch_size, batch_format="pyarrow", **pool(cfg.sample_resources))
     ds = ds.map_batches(ExecuteStage, fn_constructor_kwargs={"timeout_s": cfg.execute_timeout_s,
-                                                             "threads": cfg.execute_threads},
+                                                             "threads": cfg.execute_threads,
+                                                             "allow_weak_isolation": cfg.allow_weak_isolation},
                         batch_size=cfg.batch_size, batch_format="pyarrow", **pool(cfg.execute_resources))
     ds = ds.map_batches(score_stage, batch_size=cfg.batch_size, batch_format="pyarrow", num_cpus=0.5)
     ds = ds.map_batches(EmbedStage, fn_constructor_kwargs={
         "model": cfg.embed_model, "max_tokens": cfg.embed_max_tokens, "stride": cfg.embed_stride,
-        "batch_size": cfg.embed_batch_size}, batch_size=cfg.batch_size, batch_format="pyarrow",
+        "batch_size": cfg.embed_batch_size, "device": embed_device(cfg)}, batch_size=cfg.batch_size, batch_format="pyarrow",
         **pool(cfg.embed_resources))
     parts = out_dir / "parts"
     ds.write_parquet(str(parts))
@@ -221,11 +241,18 @@ def collect_on_ray(table: pa.Table, model_path: str, cfg: CollectConfig, out_dir
 
 
 def collection_stats(table: pa.Table, seconds: float) -> dict:
-    """Simple per-stage numbers the report shows: rows, execution outcomes, time per row."""
+    """Per-stage numbers the report shows: rows, execution outcomes by kind, the reasons rows
+    were degraded (row notes: truncations, NaN losses, CodeBLEU failures), parse failures."""
+    from leakray.features.expert import PARSE_NOTES
+
     statuses = Counter(s for row in table.column(C.EXEC_STATUS).to_pylist() for s in row)
     n_tokens = [n for row in table.column(C.N_TOKENS).to_pylist() for n in row]
+    notes = Counter(n for row in table.column(C.NOTES).to_pylist() for n in row or [])
     return {
-        "rows": table.num_rows, "completions": sum(statuses.values()),
+        "rows": table.num_rows, "rows_out": table.num_rows, "completions": sum(statuses.values()),
+        "errors": {**{f"exec_{k}": v for k, v in statuses.items() if k not in ("passed", "failed", "no-tests")},
+                   **{k: v for k, v in notes.items() if k not in PARSE_NOTES}},
+        "parse_failures": {k: v for k, v in notes.items() if k in PARSE_NOTES},
         "exec_status": dict(statuses), "mean_generated_tokens": round(sum(n_tokens) / max(1, len(n_tokens)), 1),
         "seconds": round(seconds, 1), "seconds_per_task": round(seconds / max(1, table.num_rows), 3),
     }

@@ -1,23 +1,57 @@
-"""Starting or joining Ray: a job submitted to a cluster joins it, a laptop starts a local one."""
+"""Starting or joining Ray: a job submitted to a cluster joins it, a laptop starts a local one.
+
+Quiet by default: workers' output stays in Ray's log files (linked from the run's `logs/`),
+Ray Data shows one overall progress bar, not one per operator."""
 
 from __future__ import annotations
 
+import logging
 import os
+from pathlib import Path
 
 
-def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+def ensure_ray(address: str | None = None, num_cpus: int | None = None, *, verbose: bool = True,
+               log_dir: Path | None = None) -> None:
     import ray
 
-    if ray.is_initialized():
-        return
-    kwargs = {"ignore_reinit_error": True, "log_to_driver": True}
-    if address or os.environ.get("RAY_ADDRESS"):
-        ray.init(address=address or os.environ["RAY_ADDRESS"], **kwargs)
-    else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
-        # Ray Train's helper actors look the cluster up by address; with several local
-        # instances on one machine (parallel test runs) auto-discovery is ambiguous.
-        os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+    if not ray.is_initialized():
+        kwargs = {"ignore_reinit_error": True, "log_to_driver": verbose,
+                  "logging_level": logging.INFO if verbose else logging.WARNING}
+        if address or os.environ.get("RAY_ADDRESS"):
+            ray.init(address=address or os.environ["RAY_ADDRESS"], **kwargs)
+        else:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
+            # Ray Train's helper actors look the cluster up by address; with several local
+            # instances on one machine (parallel test runs) auto-discovery is ambiguous.
+            os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
     from ray.data import DataContext
 
-    DataContext.get_current().enable_progress_bars = True
+    ctx = DataContext.get_current()
+    ctx.enable_progress_bars = True
+    ctx.enable_operator_progress_bars = verbose
+    ctx.print_on_execution_start = verbose
+    ctx.execution_options.verbose_progress = verbose
+    if not verbose:
+        for name in ("ray", "ray.data", "ray.train", "ray.tune"):
+            for h in logging.getLogger(name).handlers:
+                if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+                    h.setLevel(logging.WARNING)
+    if log_dir is not None:
+        _link_session_logs(Path(log_dir))
+
+
+def _link_session_logs(log_dir: Path) -> None:
+    """`<run>/logs/ray` -> this Ray session's log directory (workers' stdout/stderr live there)."""
+    try:
+        from ray._private.worker import _global_node
+
+        target = _global_node.get_logs_dir_path() if _global_node is not None else None
+    except Exception:  # a private API: losing the link must not stop a run
+        target = None
+    if not target:
+        return
+    log_dir.mkdir(parents=True, exist_ok=True)
+    link = log_dir / "ray"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(target, target_is_directory=True)

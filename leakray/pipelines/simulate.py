@@ -1,9 +1,9 @@
-"""The simulated-leakage protocol (CGMIA paper, RQ1), stage by stage, resumable.
+"""The simulated-leakage protocol (CGMIA paper, RQ1) as a list of resumable stages.
 
 folds (D1..D4 by task) -> base LM -> target = base + D1, shadow = base + D3 (Ray Train)
 -> collections: shadow on D3 u D4, target on D1 u D2 (Ray Data) -> detectors trained on
-the shadow, scored on the target -> report. Each stage leaves a completion marker in
-the run directory, which is keyed by a hash of the config and the benchmark's content.
+the shadow, scored on the target -> report. `StageRunner` owns markers, timings, stats and
+resumption; the run directory is keyed by a hash of the config and the benchmark's content.
 """
 
 from __future__ import annotations
@@ -14,38 +14,31 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from leakray.config import build
+from leakray.config import SimulateConfig, to_stage
+from leakray.console import Console, setup_logging
 from leakray.data.folds import assign_folds
 from leakray.data.registry import load_benchmark
-from leakray.errors import BadInput
-from leakray.models.finetune import FinetuneConfig
-from leakray.models.offline import TinyLMConfig, ensure_base_model
 from leakray.data.tasks import continuation, program_of
-from leakray.models.sampler import SampleConfig
-from leakray.pipelines.collect import CollectConfig, StageResources
-from leakray.runs import Stage, content_hash, write_json_atomic
+from leakray.errors import BadInput
+from leakray.runs import StageRunner, StageSpec, content_hash, write_json_atomic
 from leakray.schema import T
 
-
-# Config sections that change where/how fast it runs, not what it computes.
-_NOT_HASHED = ("output_dir", "ray")
+ROLES = {"target": (0, 1), "shadow": (2, 3)}  # role -> (member fold, non-member fold): D1/D2, D3/D4
 
 
-def _say(msg: str) -> None:
-    print(f"[leakray] {msg}", flush=True)
-
-
-def load_tasks(cfg: dict) -> list[dict]:
-    bench = cfg["benchmark"]
-    tasks = load_benchmark(bench["name"], bench.get("path"))
-    if bench.get("limit"):
-        tasks = sorted(tasks, key=lambda t: t[T.TASK_ID])[: int(bench["limit"])]
+def load_tasks(cfg: SimulateConfig) -> list[dict]:
+    bench = cfg.benchmark
+    tasks = load_benchmark(bench.name, bench.path)
+    if bench.limit:
+        tasks = sorted(tasks, key=lambda t: t[T.TASK_ID])[: bench.limit]
+    if len(tasks) < bench.folds:
+        raise BadInput(f"{len(tasks)} tasks cannot fill {bench.folds} folds", field="benchmark.limit")
     return tasks
 
 
-def run_id(cfg: dict, tasks: list[dict]) -> str:
+def run_id(cfg: SimulateConfig, tasks: list[dict]) -> str:
     digest = content_hash([[t[T.TASK_ID], t[T.PROMPT], t[T.REFERENCE], t[T.TESTS]] for t in tasks])
-    return content_hash({k: v for k, v in cfg.items() if k not in _NOT_HASHED}, digest)
+    return content_hash(cfg.hashed(), digest)
 
 
 def training_text(task: dict) -> str:
@@ -53,132 +46,146 @@ def training_text(task: dict) -> str:
     return program_of(task[T.PROMPT], continuation(task[T.PROMPT], task[T.REFERENCE]))
 
 
-def collect_config(cfg: dict) -> CollectConfig:
-    ray_cfg, embed, execute = cfg.get("ray", {}), cfg.get("embed", {}), cfg.get("execute", {})
-    gpu = bool(ray_cfg.get("use_gpu"))
+def collect_config(cfg: SimulateConfig):
+    from leakray.pipelines.collect import CollectConfig, StageResources
+
+    r, gpu = cfg.ray, cfg.ray.use_gpu
     return CollectConfig(
-        sample=build(SampleConfig, cfg.get("sample"), "sample"),
-        execute_timeout_s=float(execute.get("timeout_s", 10)), execute_threads=int(execute.get("threads", 4)),
-        embed_model=embed.get("model", "minilm"), embed_max_tokens=int(embed.get("max_tokens", 510)),
-        embed_stride=int(embed.get("stride", 256)), embed_batch_size=int(embed.get("batch_size", 16)),
-        sample_resources=StageResources(int(ray_cfg.get("sample_actors", 2)), 1.0, 1.0 if gpu else 0.0),
-        execute_resources=StageResources(int(ray_cfg.get("execute_actors", 1)), 0.0),
-        embed_resources=StageResources(int(ray_cfg.get("embed_actors", 1)), 0.0, 0.25 if gpu else 0.0),
-        batch_size=int(cfg.get("sample", {}).get("batch_size", 8)),
+        sample=to_stage(cfg.sample), execute_timeout_s=cfg.execute.timeout_s, execute_threads=cfg.execute.threads,
+        allow_weak_isolation=cfg.execute.allow_weak_isolation,
+        embed_model=cfg.embed.model, embed_max_tokens=cfg.embed.max_tokens, embed_stride=cfg.embed.stride,
+        embed_batch_size=cfg.embed.batch_size,
+        sample_resources=StageResources(r.sample_actors, 1.0, 1.0 if gpu else 0.0),
+        execute_resources=StageResources(r.execute_actors, 0.0),
+        embed_resources=StageResources(r.embed_actors, 0.0, 0.25 if gpu else 0.0),
+        batch_size=cfg.sample.batch_size,
     )
 
 
-def validate_config(cfg: dict) -> None:
-    """Refuse a bad config before any stage spends time on it."""
-    from leakray.detect.cgmia import CGMIAConfig
+def base_model(cfg: SimulateConfig) -> tuple[str, dict]:
+    from leakray.models.offline import ensure_base_model
 
-    for role in ("target", "shadow"):
-        build(FinetuneConfig, cfg.get(role), role)
-    if cfg["model"]["base"] == "tiny":
-        build(TinyLMConfig, cfg["model"].get("tiny"), "model.tiny")
-    collect_config(cfg)
-    CGMIAConfig.from_dict(cfg.get("detect", {}).get("cgmia") or {})
-    if not cfg.get("detect", {}).get("seeds"):
-        raise BadInput("detect.seeds must list at least one seed")
-
-
-def base_model(cfg: dict) -> tuple[str, dict]:
-    base = cfg["model"]["base"]
-    if base != "tiny":
-        return base, {"name": base}
-    tiny = build(TinyLMConfig, cfg["model"].get("tiny"), "model.tiny")
-    path, stats = ensure_base_model(tiny)
+    if cfg.model.base != "tiny":
+        return cfg.model.base, {"name": cfg.model.base}
+    path, stats = ensure_base_model(to_stage(cfg.model.tiny))
     return str(path), stats
 
 
-def run_simulation(cfg: dict) -> Path:
-    """Run (or resume) the protocol; returns the run directory holding report.json/report.md."""
-    from leakray.pipelines.collect import collect_on_ray, collection_stats, input_table, write_collection
-    from leakray.pipelines.ray_runtime import ensure_ray
-    from leakray.pipelines.train import finetune_on_ray
+def preflight_isolation(cfg: SimulateConfig) -> str:
+    """Refuse to run generated code without real isolation unless the user opted in."""
+    from leakray.sandbox import isolation as iso
 
-    t_start = time.perf_counter()
-    validate_config(cfg)
-    tasks = load_tasks(cfg)
-    bench = cfg["benchmark"]
-    run_dir = Path(cfg.get("output_dir", "runs")).resolve() / f"{bench['name']}-{run_id(cfg, tasks)}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_dir / "config.json", cfg)
-    _say(f"run directory {run_dir} ({len(tasks)} tasks)")
-    ray_cfg = cfg.get("ray", {})
-    ensure_ray(ray_cfg.get("address"))
-    timings: dict[str, float] = {}  # beyond the per-stage markers
+    level = iso.detect("auto")
+    if level != iso.BWRAP and not cfg.execute.allow_weak_isolation:
+        raise BadInput(f"bubblewrap is not available (isolation would be '{level}'): generated code would run "
+                       "without mount/pid namespaces. Install it (apt-get install bubblewrap) or opt in with "
+                       "--set execute.allow_weak_isolation=true", field="execute.allow_weak_isolation")
+    return level
 
-    # 1. folds, by task, seeded
-    stage = Stage(run_dir, "folds")
-    if not stage.done:
-        folds = assign_folds(tasks, bench.get("folds", 4), bench.get("fold_seed", 0))
-        write_json_atomic(stage.dir / "folds.json", folds)
-        stage.finish(sizes=[sum(1 for f in folds.values() if f == i) for i in range(bench.get("folds", 4))])
-    folds = json.loads((stage.dir / "folds.json").read_text())
-    by_fold = {i: [t for t in tasks if folds[t[T.TASK_ID]] == i] for i in range(4)}
 
-    # 2. base model (cached across runs)
-    stage = Stage(run_dir, "base").start()
-    if not stage.done:
+def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner, isolation: str) -> list[StageSpec]:
+    """The protocol, one StageSpec per step; each reads what earlier stages wrote in their dirs."""
+    from leakray.pipelines import collect as col
+
+    def by_fold() -> dict[int, list[dict]]:
+        folds = json.loads((runner.dir("folds") / "folds.json").read_text())
+        return {i: [t for t in tasks if folds[t[T.TASK_ID]] == i] for i in range(cfg.benchmark.folds)}
+
+    def folds_stage(out: Path) -> dict:
+        folds = assign_folds(tasks, cfg.benchmark.folds, cfg.benchmark.fold_seed)
+        write_json_atomic(out / "folds.json", folds)
+        sizes = [sum(1 for f in folds.values() if f == i) for i in range(cfg.benchmark.folds)]
+        return {"rows_in": len(tasks), "rows_out": len(folds), "sizes": sizes}
+
+    def base_stage(out: Path) -> dict:
         path, stats = base_model(cfg)
-        stage.finish(path=path, stats=stats)
-    base_info = stage.info()
-    _say(f"base model {base_info['path']} ({base_info['stats'].get('val_loss', '?')} val loss)")
+        return {"path": path, "stats": stats}
 
-    # 3. target (D1 leaked) and shadow (D3) fine-tunes on Ray Train
-    models = {}
-    for role, fold in (("target", 0), ("shadow", 2)):
-        stage = Stage(run_dir, role).start()
-        if not stage.done:
-            ft = build(FinetuneConfig, cfg.get(role), role)
-            stats = finetune_on_ray(base_info["path"], [training_text(t) for t in by_fold[fold]], ft,
-                                    stage.dir / "model", name=f"{role}-{run_dir.name}",
-                                    storage=run_dir / "ray_train", num_workers=int(ray_cfg.get("train_workers", 1)),
-                                    use_gpu=bool(ray_cfg.get("use_gpu")))
-            stage.finish(**stats)
-        models[role] = stage
-        _say(f"{role}: fine-tuned on D{fold + 1} ({len(by_fold[fold])} tasks), "
-             f"final loss {stage.info().get('final_loss')}")
+    def finetune_stage(role: str):
+        def run(out: Path) -> dict:
+            from leakray.pipelines.train import finetune_on_ray
 
-    # 4. collections: shadow on D3 u D4, target on D1 u D2
-    ccfg = collect_config(cfg)
-    for role, member_fold, other in (("shadow", 2, 3), ("target", 0, 1)):
-        stage = Stage(run_dir, f"collect_{role}").start()
-        if not stage.done:
-            members = {t[T.TASK_ID] for t in by_fold[member_fold]}
-            table = input_table(by_fold[member_fold] + by_fold[other], folds, members)
+            texts = [training_text(t) for t in by_fold()[ROLES[role][0]]]
+            stats = finetune_on_ray(runner.info["base"]["path"], texts, to_stage(getattr(cfg, role)), out / "model",
+                                    name=f"{role}-{runner.run_dir.name}", storage=runner.run_dir / "ray_train",
+                                    num_workers=cfg.ray.train_workers, use_gpu=cfg.ray.use_gpu)
+            return {"rows_in": len(texts), "rows_out": len(texts), **stats}
+        return run
+
+    def collect_stage(role: str):
+        def run(out: Path) -> dict:
+            member, other = ROLES[role]
+            folds = json.loads((runner.dir("folds") / "folds.json").read_text())
+            groups = by_fold()
+            members = {t[T.TASK_ID] for t in groups[member]}
+            table = col.input_table(groups[member] + groups[other], folds, members)
             t0 = time.perf_counter()
-            coll = collect_on_ray(table, str(models[role].dir / "model"), ccfg, stage.dir)
-            stats = collection_stats(coll, time.perf_counter() - t0)
-            write_collection(coll, stage.dir / "collection.parquet", stats)
-            stage.finish(**stats)
-        _say(f"collection {role}: {stage.info()['rows']} tasks, {stage.info()['exec_status']}")
+            coll = col.collect_on_ray(table, str(runner.dir(role) / "model"), collect_config(cfg), out)
+            stats = col.collection_stats(coll, time.perf_counter() - t0)
+            col.write_collection(coll, out / "collection.parquet", stats)
+            return {"rows_in": table.num_rows, **stats, "isolation": isolation}
+        return run
 
-    # 5. detectors: trained on the shadow, scored on the target
-    stage = Stage(run_dir, "detect").start()
-    if not stage.done:
-        from leakray.detect.cgmia import CGMIAConfig
+    def detect_stage(out: Path) -> dict:
         from leakray.pipelines.detectors import evaluate_detectors
 
-        shadow = pq.read_table(run_dir / "collect_shadow" / "collection.parquet")
-        target = pq.read_table(run_dir / "collect_target" / "collection.parquet")
-        det = cfg.get("detect", {})
-        result = evaluate_detectors(shadow, target, CGMIAConfig.from_dict(det.get("cgmia") or {}),
-                                    list(det.get("seeds", [0])), use_ray_train=bool(det.get("use_ray_train", True)),
-                                    storage_path=run_dir / "ray_train", save_dir=stage.dir)
-        pq.write_table(result.pop("scores"), stage.dir / "scores.parquet")
-        write_json_atomic(stage.dir / "metrics.json", result)
-        stage.finish()
+        shadow = pq.read_table(runner.dir("collect_shadow") / "collection.parquet")
+        target = pq.read_table(runner.dir("collect_target") / "collection.parquet")
+        result = evaluate_detectors(shadow, target, cfg.detect.cgmia_config(), cfg.detect.seeds,
+                                    use_ray_train=cfg.detect.use_ray_train, storage_path=runner.run_dir / "ray_train",
+                                    save_dir=out, threshold_rule=cfg.detect.threshold_rule,
+                                    bootstrap=cfg.detect.bootstrap)
+        pq.write_table(result.pop("scores"), out / "scores.parquet")
+        write_json_atomic(out / "metrics.json", result)
+        return {"rows_in": shadow.num_rows + target.num_rows, "rows_out": target.num_rows,
+                "detectors": sorted(result["median"])}
 
-    # 6. report
+    def collect_summary(info: dict) -> str:
+        return (f"{info.get('rows_out', info.get('rows'))} tasks, {info.get('exec_status')}, "
+                f"CodeBLEU parse failures {info.get('parse_failures') or {}}")
+
+    return [
+        StageSpec("folds", folds_stage, lambda i: f"D1..D4 sizes {i['sizes']}"),
+        StageSpec("base", base_stage, lambda i: f"{i['path']} (val loss {i['stats'].get('val_loss', '?')})"),
+        *(StageSpec(role, finetune_stage(role),
+                    lambda i, role=role: f"fine-tuned on D{ROLES[role][0] + 1} ({i['rows_in']} tasks), "
+                                         f"final loss {i.get('final_loss')}")
+          for role in ("target", "shadow")),
+        *(StageSpec(f"collect_{role}", collect_stage(role), collect_summary) for role in ("shadow", "target")),
+        StageSpec("detect", detect_stage, lambda i: f"{', '.join(i['detectors'])}"),
+    ]
+
+
+def run_simulation(cfg: SimulateConfig, console: Console | None = None) -> Path:
+    """Run (or resume) the protocol; returns the run directory holding report.json/report.md."""
+    from leakray.pipelines.ray_runtime import ensure_ray
     from leakray.report.simulate import write_report
 
-    timings["total_this_invocation"] = round(time.perf_counter() - t_start, 1)
-    report = write_report(run_dir, cfg, timings)
-    for name in ("cgmia", "detectleak"):
-        m = report["detectors"].get(name, {})
-        _say(f"{name}: AUC {m.get('auc')}, MCC {m.get('mcc')}, TPR@5%FPR {m.get('tpr_at_5fpr')}")
-    _say(f"report: {run_dir / 'report.md'}")
+    console = console or Console()
+    t_start = time.perf_counter()
+    tasks = load_tasks(cfg)
+    isolation = preflight_isolation(cfg)
+    run_dir = Path(cfg.output_dir).expanduser().resolve() / f"{cfg.benchmark.name}-{run_id(cfg, tasks)}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / "config.json", cfg.model_dump())
+    log_file = setup_logging(run_dir / "logs", console.verbose)
+    console.say(f"run directory {run_dir} ({len(tasks)} tasks; logs in {log_file.relative_to(run_dir)})")
+    if isolation != "bwrap":
+        console.warn(f"sandbox isolation is '{isolation}' (opted in with execute.allow_weak_isolation)")
+    ensure_ray(cfg.ray.address, verbose=console.verbose, log_dir=run_dir / "logs")
+
+    runner = StageRunner(run_dir, console)
+    runner.run(simulate_stages(cfg, tasks, runner, isolation))
+
+    report = write_report(run_dir, cfg.model_dump(), {"total_this_invocation": round(time.perf_counter() - t_start, 1)})
+    for name in ("cgmia", "detectleak", "gt_match", "ref_loss"):
+        m = report["detectors"].get(name)
+        if m:
+            console.say(f"{name:<11} AUC {_num(m.get('auc'))}  MCC {_num(m.get('mcc'))}  "
+                        f"TPR@5%FPR {_num(m.get('tpr_at_5fpr'))}")
+    console.say(f"report: {run_dir / 'report.md'}")
     return run_dir
 
+
+def _num(v) -> str:
+    return "–" if v is None else f"{v:.3f}"
