@@ -16,7 +16,6 @@ import dataclasses
 import difflib
 import importlib.util
 import os
-import re
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -149,9 +148,6 @@ class EmbedConfig(Section):
         return self
 
 
-_THRESHOLD_RULE = re.compile(r"^(shadow_max_mcc|shadow_fpr:(0(\.\d+)?|1(\.0+)?))$")
-
-
 class DetectConfig(Section):
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2, 3, 4], min_length=1)  # paper: 5 repeats, median
     use_ray_train: bool = True
@@ -163,8 +159,12 @@ class DetectConfig(Section):
     @field_validator("threshold_rule")
     @classmethod
     def _rule(cls, v: str) -> str:
-        if not _THRESHOLD_RULE.match(v):
-            raise ValueError(f"{v!r} is not a threshold rule: use 'shadow_max_mcc' or 'shadow_fpr:A' (0 <= A <= 1)")
+        from leakray.evaluate.thresholds import parse_rule
+
+        try:
+            parse_rule(v)
+        except BadInput as exc:
+            raise ValueError(str(exc).split(": ", 1)[-1]) from None
         return v
 
     @field_validator("cgmia")

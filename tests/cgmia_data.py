@@ -6,9 +6,19 @@ import pyarrow as pa
 from leakray.schema import C, collection_schema
 
 
-def synthetic_collection(n=160, k=5, d=16, seed=0, has_tests=True, signal=0.5, prefix="t"):
+def synthetic_collection(n=160, k=5, d=16, seed=0, has_tests=True, signal=0.5, prefix="t",
+                         embed_signal=None, embed_shift=0.0, member_share=0.5):
+    """``signal`` plants membership in the expert features and (unless ``embed_signal``
+    says otherwise) in how close completions' embeddings are to the reference's;
+    ``embed_shift`` moves members' reference and completion embeddings along a fixed
+    direction (a signal only the embedding blocks can see); ``member_share`` of the rows
+    are members. Defaults reproduce the original collections exactly."""
     rng = np.random.default_rng(seed)
-    member = (np.arange(n) % 2).astype(np.int8)
+    embed_signal = signal if embed_signal is None else embed_signal
+    if member_share == 0.5:
+        member = (np.arange(n) % 2).astype(np.int8)
+    else:
+        member = (np.arange(n) < round(member_share * n)).astype(np.int8)
     rng.shuffle(member)
     m = member[:, None].astype(float)
     # members: lower perplexity, higher CodeBLEU, lower edit distance, pass more often
@@ -18,8 +28,8 @@ def synthetic_collection(n=160, k=5, d=16, seed=0, has_tests=True, signal=0.5, p
     passed = rng.random((n, k)) < (0.3 + 0.3 * signal * m)
     if not has_tests:
         passed[:] = False
-    ref = rng.normal(size=(n, d))
-    gen = ref[:, None, :] * (0.3 + 0.4 * signal * m[:, :, None]) + rng.normal(size=(n, k, d))
+    ref = rng.normal(size=(n, d)) + embed_shift * m / np.sqrt(d)
+    gen = ref[:, None, :] * (0.3 + 0.4 * embed_signal * m[:, :, None]) + rng.normal(size=(n, k, d))
     expert = np.concatenate([ppl, cb, ed, passed.astype(float)], axis=1)
     sch = collection_schema()
     cols = {

@@ -8,7 +8,15 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from cgmia_data import synthetic_collection
-from leakray.detect.cgmia import CGMIAConfig, CGMIADetector, arrays_from_table, fit
+from leakray.detect.cgmia import (
+    CGMIAConfig,
+    CGMIADetector,
+    arrays_from_table,
+    cross_fit_proba,
+    fit,
+    fit_thresholded,
+)
+from leakray.evaluate.thresholds import choose_threshold
 from leakray.errors import BadInput
 
 torch.set_num_threads(1)
@@ -44,7 +52,7 @@ def test_learns_planted_signal(data, trained):
     assert auc > 0.9
     # the signal is spread over features: combining them beats the best single one
     from leakray.detect.baselines import detectleak_scores
-    assert auc > roc_auc_score(target["member"], detectleak_scores(synthetic_collection(seed=2))["score"])
+    assert auc > roc_auc_score(target["member"], detectleak_scores(synthetic_collection(seed=2)))
     assert trained.history[-1]["loss"] < trained.history[0]["loss"]
 
 
@@ -117,12 +125,76 @@ def test_constant_pass_block_dropped_and_target_with_tests_ok():
     assert np.all(np.isfinite(p)) and roc_auc_score(target["member"], p) > 0.85
 
 
-@pytest.mark.parametrize("flags", [dict(use_expert=False), dict(use_gen=False, use_ref=False),
-                                   dict(use_ref=False, use_expert=False)])
-def test_ablations(data, flags):
+def _auc(det, arrays):
+    return roc_auc_score(arrays["member"], det.predict_proba(arrays))
+
+
+def test_ablation_changes_what_the_model_sees(data):
+    shadow, _ = data
+    det = fit(shadow, CGMIAConfig(**{**FAST, "epochs": 1}, use_gen=False, use_expert=False), seed=0, progress=False)
+    # only the reference embedding reaches the head, unchanged
+    np.testing.assert_allclose(det.features(shadow).numpy(), shadow["ref"], rtol=1e-6)
+    widths = {name: fit(shadow, CGMIAConfig(**{**FAST, "epochs": 1}, **flags), seed=0,
+                        progress=False).frozen.out_dim
+              for name, flags in (("all", {}), ("no_expert", dict(use_expert=False)),
+                                  ("expert_only", dict(use_ref=False, use_gen=False)))}
+    assert widths == {"all": 16 + 16 + 256, "no_expert": 32, "expert_only": 256}
+
+
+def test_ablating_the_only_informative_block_collapses_auc():
+    # membership planted in the expert features only: without them the detector is at chance
+    expert_only = dict(signal=0.5, embed_signal=0.0)
+    a = arrays_from_table(synthetic_collection(seed=11, **expert_only))
+    b = arrays_from_table(synthetic_collection(seed=12, prefix="u", **expert_only))
+    assert _auc(fit(a, CGMIAConfig(**FAST), seed=0, progress=False), b) > 0.85
+    assert abs(_auc(fit(a, CGMIAConfig(**FAST, use_expert=False), seed=0, progress=False), b) - 0.5) < 0.15
+    # and the converse: membership only in the embeddings, the expert block alone is at chance
+    embed_only = dict(signal=0.0, embed_shift=3.0)
+    a = arrays_from_table(synthetic_collection(seed=13, **embed_only))
+    b = arrays_from_table(synthetic_collection(seed=14, prefix="u", **embed_only))
+    assert _auc(fit(a, CGMIAConfig(**FAST, use_expert=False), seed=0, progress=False), b) > 0.85
+    assert abs(_auc(fit(a, CGMIAConfig(**FAST, use_ref=False, use_gen=False), seed=0, progress=False), b)
+               - 0.5) < 0.15
+
+
+def test_threshold_chosen_out_of_fold_on_training_rows_only(data):
     shadow, target = data
-    det = fit(shadow, CGMIAConfig(**{**FAST, "epochs": 3}, **flags), seed=0, progress=False)
-    assert det.predict_proba(target).shape == (160,)
+    det = fit_thresholded(shadow, CGMIAConfig(**FAST), seed=7, rule="shadow_max_mcc")
+    th = det.threshold
+    assert th["rule"] == "shadow_max_mcc" and "out-of-fold" in th["chosen_on"]
+    assert (th["n_pos"], th["n_neg"]) == (80, 80)
+    # the cut is the rule applied to the cross-fitted probabilities, which differ from the
+    # final detector's (overfit) probabilities on its own training rows
+    oof = cross_fit_proba(shadow, CGMIAConfig(**FAST), seed=7)
+    assert th["value"] == choose_threshold(shadow["member"], oof, "shadow_max_mcc").value
+    assert not np.allclose(oof, det.predict_proba(shadow), atol=1e-3)
+    # the final detector is plain fit's, and predict() uses the stored cut
+    np.testing.assert_array_equal(det.predict_proba(target), fit(shadow, CGMIAConfig(**FAST), seed=7,
+                                                                 progress=False).predict_proba(target))
+    np.testing.assert_array_equal(det.predict(target), (det.predict_proba(target) >= th["value"]).astype(np.int8))
+    # cross-fitting is seeded and never looks at rows outside the training arrays
+    np.testing.assert_array_equal(oof, cross_fit_proba(shadow, CGMIAConfig(**FAST), seed=7))
+    with pytest.raises(BadInput, match="no decision threshold"):
+        fit(shadow, CGMIAConfig(**{**FAST, "epochs": 1}), seed=0, progress=False).predict(target)
+    # a shadow too small for 4 folds gets as many as its smaller class allows, and says so
+    members, others = np.flatnonzero(shadow["member"] == 1), np.flatnonzero(shadow["member"] == 0)
+    six = {k: v[np.r_[members[:3], others[:3]]] for k, v in shadow.items()}
+    small = fit_thresholded(six, CGMIAConfig(**{**FAST, "epochs": 2}), seed=0)
+    assert "3-fold" in small.threshold["chosen_on"]
+    one_member = {k: v[np.r_[members[:1], others[:3]]] for k, v in shadow.items()}
+    with pytest.raises(BadInput, match="cross-fit"):
+        fit_thresholded(one_member, CGMIAConfig(**FAST), seed=0)
+    with pytest.raises(BadInput, match="cross-fit"):
+        cross_fit_proba(six, CGMIAConfig(**FAST), seed=0, n_folds=4)
+
+
+def test_threshold_saved_with_the_detector(tmp_path, data):
+    shadow, target = data
+    det = fit_thresholded(shadow, CGMIAConfig(**{**FAST, "epochs": 3}), seed=1, rule="shadow_fpr:0.05")
+    det.save(tmp_path / "d")
+    loaded = CGMIADetector.load(tmp_path / "d")
+    assert loaded.threshold == det.threshold and loaded.threshold["fpr"] <= 0.05
+    np.testing.assert_array_equal(loaded.predict(target), det.predict(target))
 
 
 def test_bad_input(data):

@@ -89,8 +89,7 @@ def test_simulate_job_submit_then_resume(ray_head, tmp_path):
     report = json.loads((run_dir / "report.json").read_text())
     for name in ("cgmia", "detectleak"):
         m = report["detectors"][name]
-        assert set(m) == {"precision", "recall", "mcc", "auc", "tpr_at_1fpr", "tpr_at_5fpr"}
-        assert 0.0 <= m["auc"] <= 1.0
+        assert set(m) >= {"precision", "recall", "mcc", "auc", "tpr_at_1fpr", "tpr_at_5fpr", "auc_ci", "n_neg"}
     leak = report["leak"]["target"]
     assert leak["members"]["tasks"] == leak["non_members"]["tasks"] == 4
     assert report["seeds"]["detector"] == [0, 1]

@@ -131,3 +131,52 @@ def test_no_dataflow_warning_is_dropped(caplog):
         expert.codebleu("x", "x", "python")  # a reference without data-flow edges
         logging.getLogger().warning("other warnings still pass")
     assert [r.getMessage() for r in caplog.records] == ["other warnings still pass"]
+
+
+def test_comparable_texts_parse_on_both_sides():
+    """CodeBLEU sees whole units: the dedented reference continuation (Python) or the whole
+    program (Java) parses, and a completion equal to the reference yields the same text."""
+    from leakray.data.registry import load_benchmark
+    from leakray.data.tasks import continuation
+    from leakray.features.expert import _parser, comparable
+
+    import ast
+
+    def parses(text: str) -> bool:
+        try:
+            ast.parse(text)
+        except SyntaxError:
+            return False
+        return not _parser("python").parse(text.encode()).root_node.has_error
+
+    tasks = load_benchmark("humaneval", None)
+    bad_old = bad_new = 0
+    for t in tasks:
+        cont = continuation(t["prompt"], t["reference"])
+        ref_text = comparable(t["prompt"], t["reference"], "python", reference=True)
+        assert comparable(t["prompt"], cont, "python") == ref_text
+        bad_old += not parses(cont)
+        bad_new += not parses(ref_text)
+    assert bad_old == len(tasks) and bad_new == 0, (bad_old, bad_new)  # indented bodies vs dedented units
+
+
+def test_comparable_java_is_the_whole_program():
+    from leakray.features.expert import comparable
+
+    prompt = "class Solution {\n    public int add(int a, int b) {"
+    ref = prompt + "\n        return a + b;\n    }\n}\n"
+    assert comparable(prompt, "\n        return a + b;\n    }\n}\n", "java") == ref
+    assert comparable(prompt, ref, "java", reference=True) == ref
+
+
+def test_score_batch_notes_reference_parse_failures():
+    from collections import Counter
+
+    from leakray.features.expert import REF_SYNTAX, score_batch
+    from leakray.schema import C
+
+    rows = [Counter(), Counter()]
+    score_batch({C.REFERENCE: ["x = 1\n", "    return (\n"], C.LANGUAGE: ["python", "python"],
+                 C.COMPLETIONS: [["x = 1\n"], ["return 1\n"]], C.PERPLEXITY: [[1.0], [2.0]],
+                 C.PASSED: [[True], [False]], C.HAS_TESTS: [True, True]}, row_stats=rows)
+    assert rows[0][REF_SYNTAX] == 0 and rows[1][REF_SYNTAX] == 1

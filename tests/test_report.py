@@ -1,6 +1,11 @@
-import pyarrow as pa
+import json
 
-from leakray.report.simulate import leak_summary, render_markdown
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from leakray.report.simulate import leak_summary, render_markdown, write_report
+from leakray.runs import MARKER
 from leakray.schema import C, collection_schema
 
 
@@ -40,3 +45,74 @@ def test_markdown_has_every_detector_row():
     md = render_markdown(report)
     assert "| cgmia |" in md and "0.900" in md and "| detectleak |" in md and "nan" in md
     assert "graded leak: **yes**" in md
+
+
+def _write_marker(run_dir, stage, **info):
+    (run_dir / stage).mkdir(parents=True, exist_ok=True)
+    (run_dir / stage / MARKER).write_text(json.dumps({"stage": stage, **info}))
+
+
+def test_write_report_states_thresholds_degenerate_seeds_negatives_intervals_stages(tmp_path):
+    import torch
+
+    from cgmia_data import synthetic_collection
+    from leakray.detect.cgmia import CGMIAConfig
+    from leakray.pipelines.detectors import evaluate_detectors, scores_to_dict
+
+    torch.set_num_threads(1)
+    shadow = synthetic_collection(n=80, seed=1)
+    target = synthetic_collection(n=60, seed=2, prefix="u", member_share=0.3)  # 42 non-members
+    res = evaluate_detectors(shadow, target, CGMIAConfig(epochs=3, expert_proj_dim=32, hidden=(16,), lr=1e-3,
+                                                         batch_size=32),
+                             seeds=[0, 1], threshold_rule="shadow_fpr:0.05", bootstrap=200, bootstrap_seed=7)
+    # one seed made no positive call: degenerate, MCC 0
+    res["per_seed"]["cgmia"][1].update(mcc=0.0, degenerate=True)
+    from leakray.evaluate.metrics import median_over_repeats
+    res["median"]["cgmia"] = median_over_repeats(res["per_seed"]["cgmia"])
+    run = tmp_path / "humaneval-abc"
+    for role, table in (("shadow", shadow), ("target", target)):
+        _write_marker(run, f"collect_{role}", seconds=12.5, rows_in=table.num_rows, rows_out=table.num_rows,
+                      errors={"timeout": 2}, parse_failures={"codebleu": 3}, isolation="bwrap")
+        pq.write_table(table, run / f"collect_{role}" / "collection.parquet")
+    _write_marker(run, "detect", seconds=4.0, rows_in=140)  # no rows_out/errors recorded
+    (run / "detect" / "metrics.json").write_text(json.dumps(scores_to_dict({**res, "scores": None})))
+    cfg = {"benchmark": {"name": "humaneval", "fold_seed": 0}, "target": {"seed": 1}, "shadow": {"seed": 2},
+           "sample": {"seed": 3}, "detect": {"seeds": [0, 1]}}
+
+    report = write_report(run, cfg, {"total_this_invocation": 20.0})
+
+    assert report["threshold_rule"] == "shadow_fpr:0.05" and report["bootstrap"] == {"n_resamples": 200, "seed": 7}
+    assert report["isolation"] == {"collect_shadow": "bwrap", "collect_target": "bwrap"}
+    cg = report["detectors"]["cgmia"]
+    assert cg["n_degenerate"] == 1 and cg["n_repeats"] == 2 and cg["n_neg"] == 42
+    assert cg["min_nonzero_fpr"] == pytest.approx(1 / 42)
+    assert cg["auc_ci"][0] <= cg["auc"] <= cg["auc_ci"][1] and len(cg["tpr_at_5fpr_ci"]) == 2
+    assert cg["threshold"]["rule"] == "shadow_fpr:0.05" and len(cg["threshold"]["values"]) == 2
+    assert "out-of-fold" in cg["threshold"]["chosen_on"]
+    assert report["detectors"]["detectleak"]["threshold"]["values"] == res["thresholds"]["detectleak"]["values"]
+    assert report["stages"]["collect_target"] == {"seconds": 12.5, "rows_in": 60, "rows_out": 60,
+                                                  "errors": {"timeout": 2}, "parse_failures": {"codebleu": 3}}
+    assert report["stages"]["detect"]["rows_out"] is None
+    assert json.loads((run / "report.json").read_text())["detectors"] == json.loads(json.dumps(report["detectors"]))
+
+    md = (run / "report.md").read_text()
+    head = md.split("## Detectors")[0]
+    assert "Sandbox isolation of generated code: **bwrap**" in head
+    assert "rule `shadow_fpr:0.05`" in md and "chosen on the shadow collection" in md
+    assert "| 1 of 2 |" in md and "| 42 |" in md
+    assert f"[{cg['auc_ci'][0]:.3f}, {cg['auc_ci'][1]:.3f}]" in md
+    assert "42 non-members" in md and "1/42" in md and "200 resamples" in md
+    assert "| collect_target | 12.5 | 60 | 60 | timeout: 2 | codebleu: 3 |" in md
+    assert "| detect | 4.0 | 140 | – | – | – |" in md
+
+
+def test_isolation_line_mixed_and_missing():
+    base = {"benchmark": {"name": "humaneval"}, "protocol": "p", "detectors": {}, "timings_s": {},
+            "leak": {r: leak_summary(_table([_row(1, [True, False], [0.1, 0.3]),
+                                             _row(0, [False, False], [0.8, 0.9])])) for r in ("target", "shadow")},
+            "models": {}, "collections": {}, "seeds": {}}
+    md = render_markdown({**base, "isolation": {"collect_shadow": "bwrap", "collect_target": "none"}})
+    assert "collect_shadow: **bwrap**; collect_target: **none**" in md.split("## Detectors")[0]
+    md = render_markdown({**base, "isolation": {"collect_shadow": None}})
+    assert "Sandbox isolation of generated code: **–**" in md
+    assert "not recorded" in render_markdown(base)

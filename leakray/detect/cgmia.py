@@ -12,6 +12,17 @@ What differs from the published code (on purpose): frozen parts are drawn from a
 recorded seed and saved with the detector (never re-drawn at load), the scaler sees
 training rows only, and the caller splits by task. Because the frozen parts are fixed,
 their outputs are computed once per fit and only the FFN runs per epoch.
+
+Decision threshold: probabilities on a detector's own training rows are overfit (near
+0/1), and the target must not be used, so the cut is chosen on held-out shadow rows by
+cross-fitting (``fit_thresholded``): k folds over the shadow's tasks (stratified by
+label), one extra detector per fold with the same seed, each scoring the fold it did not
+see; the rule (``leakray.evaluate.thresholds``) runs on these out-of-fold probabilities
+and the detector trained on all shadow rows keeps the cut. Cross-fitting rather than a
+held-out split because the shadow is small (tens of tasks per class in the demo): every
+shadow row trains the final detector and every row also informs the cut. The fold
+models see (k-1)/k of the rows, so their probabilities are slightly less confident than
+the final detector's; the cost is k extra fits of the FFN per seed.
 """
 
 from __future__ import annotations
@@ -28,9 +39,12 @@ from torch import nn
 
 from leakray.detect.arrays import list_column, scalar_column
 from leakray.errors import BadInput
+from leakray.evaluate.thresholds import DEFAULT_RULE, choose_threshold, parse_rule
 from leakray.schema import C
 
 FORMAT_VERSION = 1
+CROSS_FIT_FOLDS = 4
+_ROW_KEYS = ("gen", "ref", "expert", "member", "task_id")
 _CONFIG_FILE, _WEIGHTS_FILE, _SCALER_FILE = "cgmia.json", "weights.pt", "scaler.npz"
 
 
@@ -160,6 +174,8 @@ class CGMIADetector:
         self.scaler_scale = np.asarray(scaler_scale, dtype=np.float64)
         self.history: list[dict[str, float]] = []
         self.n_train = 0
+        # the decision cut and how it was chosen (Threshold.to_dict()); None until chosen
+        self.threshold: dict[str, Any] | None = None
         frozen_seed, head_seed, _ = _seeds(seed)
         with torch.random.fork_rng(devices=[]):  # leave the caller's RNG alone
             torch.manual_seed(frozen_seed)
@@ -202,7 +218,13 @@ class CGMIADetector:
             p = torch.softmax(self.head(x), dim=1)[:, 1]
         return p.double().cpu().numpy()
 
-    def predict(self, arrays: Mapping[str, np.ndarray], threshold: float = 0.5) -> np.ndarray:
+    def predict(self, arrays: Mapping[str, np.ndarray], threshold: float | None = None) -> np.ndarray:
+        """0/1 decisions at ``threshold``, by default the cut chosen on held-out shadow rows."""
+        if threshold is None:
+            if self.threshold is None:
+                raise BadInput("this detector has no decision threshold: train it with fit_thresholded "
+                               "(or pass threshold=)")
+            threshold = self.threshold["value"]
         return (self.predict_proba(arrays) >= threshold).astype(np.int8)
 
     # -- persistence ---------------------------------------------------------------
@@ -214,6 +236,7 @@ class CGMIADetector:
             "format_version": FORMAT_VERSION, "config": self.config.to_dict(), "seed": self.seed,
             "k": self.k, "d": self.d, "expert_width": self.expert_width,
             "expert_keep": self.expert_keep.tolist(), "n_train": self.n_train, "history": self.history,
+            "threshold": self.threshold,
             "scaler_mean": self.scaler_mean, "scaler_scale": self.scaler_scale,
             "frozen": {k: conv(v) for k, v in self.frozen.state_dict().items()},
             "head": {k: conv(v) for k, v in self.head.state_dict().items()},
@@ -232,6 +255,7 @@ class CGMIADetector:
         det.frozen.load_state_dict({k: _tensor(v) for k, v in state["frozen"].items()})
         det.head.load_state_dict({k: _tensor(v) for k, v in state["head"].items()})
         det.n_train, det.history = int(state["n_train"]), list(state["history"])
+        det.threshold = state.get("threshold")  # absent in detectors saved before thresholds
         return det
 
     def save(self, directory: str | Path) -> Path:
@@ -315,4 +339,52 @@ def fit(train_arrays: Mapping[str, np.ndarray], config: CGMIAConfig | None = Non
         if report is not None:
             report(epoch, metrics)
     det.head.eval()
+    return det
+
+
+def _rows(arrays: Mapping[str, np.ndarray], idx: np.ndarray) -> dict[str, np.ndarray]:
+    return {k: np.asarray(arrays[k])[idx] for k in _ROW_KEYS if k in arrays}
+
+
+def cross_fit_proba(train_arrays: Mapping[str, np.ndarray], config: CGMIAConfig | None = None, seed: int = 0,
+                    n_folds: int = CROSS_FIT_FOLDS) -> np.ndarray:
+    """Out-of-fold member probabilities for the training rows: k folds by task (stratified
+    by label, split seeded from ``seed``), each scored by a detector fitted with ``seed``
+    on the other folds."""
+    from sklearn.model_selection import StratifiedGroupKFold
+
+    config = config or CGMIAConfig()
+    n = _shapes(train_arrays)[0]
+    y = np.asarray(train_arrays.get("member", []))
+    if len(y) != n or not np.isin(y, (0, 1)).all():
+        raise BadInput("cross-fitting needs member 0/1 on every training row", field=C.MEMBER)
+    smallest = int(min((y == 0).sum(), (y == 1).sum()))
+    if n_folds < 2 or smallest < n_folds:
+        raise BadInput(f"cannot cross-fit {n_folds} folds: need n_folds >= 2 and at least n_folds rows of "
+                       f"each class (smallest class has {smallest})", field=C.MEMBER)
+    groups = train_arrays.get("task_id")
+    groups = np.arange(n) if groups is None else np.asarray(groups).astype(str)
+    fold_seed = int(np.random.SeedSequence([int(seed), 1]).generate_state(1)[0])
+    split = StratifiedGroupKFold(n_splits=n_folds, shuffle=True, random_state=fold_seed)
+    proba = np.full(n, np.nan)
+    for fit_idx, held_idx in split.split(np.zeros(n), y, groups):
+        det = fit(_rows(train_arrays, fit_idx), config, seed, progress=False)
+        proba[held_idx] = det.predict_proba(_rows(train_arrays, held_idx))
+    return proba
+
+
+def fit_thresholded(train_arrays: Mapping[str, np.ndarray], config: CGMIAConfig | None = None, seed: int = 0,
+                    rule: str = DEFAULT_RULE, n_folds: int = CROSS_FIT_FOLDS, progress: bool = False,
+                    report: Callable[[int, dict[str, float]], None] | None = None) -> CGMIADetector:
+    """``fit`` on all training rows, plus a decision threshold chosen by ``rule`` on
+    cross-fitted out-of-fold probabilities (see module doc); kept in ``det.threshold``.
+    Fewer folds than ``n_folds`` when a class has fewer rows (at least 2 of each needed)."""
+    parse_rule(rule)  # refuse a bad rule before training
+    det = fit(train_arrays, config, seed, progress=progress, report=report)
+    y = np.asarray(train_arrays["member"])
+    # a tiny shadow (a quick run) gets fewer folds rather than a late failure; recorded below
+    n_folds = min(int(n_folds), int((y == 0).sum()), int((y == 1).sum()))
+    oof = cross_fit_proba(train_arrays, config, seed, n_folds)
+    det.threshold = choose_threshold(
+        y, oof, rule, chosen_on=f"shadow, out-of-fold ({n_folds}-fold cross-fit by task)").to_dict()
     return det

@@ -1,19 +1,24 @@
-"""Binary detection metrics: P/R/F1/MCC/accuracy, AUC, TPR at low FPR, ROC/PR curves.
+"""Binary detection metrics: P/R/F1/MCC/accuracy, AUC, TPR at low FPR, bootstrap intervals, curves.
 
 Conventions
 - ``score``: higher = more likely a member; ``pred``: the detector's own 0/1 decision
-  (thresholded metrics use ``pred``, ranking metrics use ``score``).
-- TPR at FPR = a: read off the ROC polyline through every distinct threshold
-  (sklearn ``roc_curve`` with ``drop_intermediate=False``). Take the last vertex with
-  FPR <= a; if its FPR is exactly a, report its TPR (the top of a vertical segment),
-  otherwise interpolate linearly towards the next vertex. The straight segment is the
-  randomised classifier between two thresholds (and the "random tie-break" reading of
-  tied scores), so the value is achievable, never optimistic. With few negatives
-  (a < 1/n_neg) it is an interpolation between FPR 0 and the first false positive.
-- Keys: tp fp tn fn n n_pos n_neg accuracy precision recall f1 mcc auc pr_auc
-  tpr_at_1fpr tpr_at_5fpr (TPR at 1% / 5% FPR) roc_curve pr_curve reasons.
-- Undefined quantities are NaN with the reason in ``reasons`` (one class only, no
-  predicted positives); nothing raises on a degenerate split.
+  (thresholded metrics use ``pred``, ranking metrics use ``score``). Decisions come from
+  thresholds chosen on the shadow collection (``leakray.evaluate.thresholds``).
+- TPR at FPR = a, the conservative step: the largest TPR at an ROC vertex (one per
+  distinct score, sklearn ``roc_curve(drop_intermediate=False)``) whose FPR <= a. No
+  interpolation: with n_neg negatives the smallest nonzero FPR is 1/n_neg, and below it
+  only vertices without a false positive count. ``n_neg`` and ``min_nonzero_fpr`` say so.
+- MCC is 0 when a confusion-matrix margin is empty (as sklearn's ``matthews_corrcoef``),
+  and ``degenerate`` is True then; precision is 0 with no predicted positives (sklearn's
+  ``zero_division=0``). Both carry their reason in ``reasons``.
+- Intervals: percentile bootstrap, resampling members and non-members separately (the
+  class sizes stay fixed, as in the experiment), seeded: ``auc_ci`` and
+  ``tpr_at_5fpr_ci`` as [lo, hi].
+- Keys: tp fp tn fn n n_pos n_neg min_nonzero_fpr accuracy precision recall f1 mcc
+  degenerate auc pr_auc tpr_at_1fpr tpr_at_5fpr auc_ci tpr_at_5fpr_ci bootstrap roc_curve
+  pr_curve reasons.
+- Quantities that need both classes (AUC, TPR@FPR, recall with no members) are NaN with
+  the reason in ``reasons``; nothing raises on a degenerate split.
 """
 
 from __future__ import annotations
@@ -22,31 +27,62 @@ import math
 from typing import Any, Iterable, Mapping
 
 import numpy as np
+from scipy.stats import bootstrap, rankdata
 from sklearn.metrics import (
     accuracy_score,
     confusion_matrix,
-    matthews_corrcoef,
     precision_recall_curve,
     roc_auc_score,
     roc_curve,
 )
 
 from leakray.errors import BadInput
+from leakray.evaluate.thresholds import mcc_from_counts
 
 MAX_CURVE_POINTS = 101
 FPR_TARGETS = (0.01, 0.05)
+CI_FPR = 0.05  # the interval is given for TPR at this FPR
+N_BOOTSTRAP = 1000
+BOOTSTRAP_SEED = 0
+CONFIDENCE = 0.95
+_FPR_SLACK = 1e-12  # k/n_neg against a when a*n_neg is an integer
 
 
 def tpr_at_fpr(fpr: np.ndarray, tpr: np.ndarray, target: float) -> float:
-    """TPR at FPR=target on an ROC polyline (vertices sorted by decreasing threshold)."""
+    """Conservative step: the largest TPR at an ROC vertex with FPR <= target (no interpolation)."""
     fpr, tpr = np.asarray(fpr, float), np.asarray(tpr, float)
-    i = int(np.searchsorted(fpr, target, side="right")) - 1  # last vertex with fpr <= target
-    if i < 0:
-        return 0.0
-    if fpr[i] == target or i == len(fpr) - 1:
-        return float(tpr[i])
-    f0, f1, t0, t1 = fpr[i], fpr[i + 1], tpr[i], tpr[i + 1]
-    return float(t0 + (t1 - t0) * (target - f0) / (f1 - f0))
+    ok = fpr <= target + _FPR_SLACK
+    return float(tpr[ok].max()) if ok.any() else 0.0
+
+
+def _auc_batched(pos: np.ndarray, neg: np.ndarray, axis: int = -1) -> np.ndarray:
+    """ROC AUC (ties count half) per batch row, via the Mann-Whitney rank sum."""
+    pos, neg = np.moveaxis(pos, axis, -1), np.moveaxis(neg, axis, -1)
+    n_p, n_n = pos.shape[-1], neg.shape[-1]
+    ranks = rankdata(np.concatenate([pos, neg], axis=-1), axis=-1)
+    return (ranks[..., :n_p].sum(-1) - n_p * (n_p + 1) / 2) / (n_p * n_n)
+
+
+def _tpr_at_fpr_batched(pos: np.ndarray, neg: np.ndarray, target: float, axis: int = -1) -> np.ndarray:
+    """The conservative step TPR@FPR per batch row: at most k = floor(target*n_neg) false
+    positives, so members must score above the (k+1)-th highest non-member."""
+    pos, neg = np.moveaxis(pos, axis, -1), np.moveaxis(neg, axis, -1)
+    n_n = neg.shape[-1]
+    k = int(math.floor(target * n_n + 1e-9))
+    if k >= n_n:
+        return np.ones(pos.shape[:-1])
+    cut = np.sort(neg, axis=-1)[..., n_n - 1 - k]
+    return (pos > cut[..., None]).mean(-1)
+
+
+def bootstrap_interval(statistic, pos: np.ndarray, neg: np.ndarray, n_resamples: int = N_BOOTSTRAP,
+                       seed: int = BOOTSTRAP_SEED, confidence: float = CONFIDENCE) -> list[float]:
+    """Percentile bootstrap [lo, hi] of ``statistic(pos, neg, axis)``, members and non-members
+    resampled separately (stratified by class), seeded."""
+    res = bootstrap((np.asarray(pos, float), np.asarray(neg, float)), statistic, n_resamples=n_resamples,
+                    paired=False, vectorized=True, confidence_level=confidence, method="percentile",
+                    rng=np.random.default_rng(seed))
+    return [float(res.confidence_interval.low), float(res.confidence_interval.high)]
 
 
 def downsample(points: Iterable[np.ndarray], max_points: int = MAX_CURVE_POINTS) -> list[list[float]]:
@@ -76,8 +112,12 @@ def _check(y_true, score, pred) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return y.astype(int), s, p.astype(int)
 
 
-def binary_metrics(y_true, score, pred) -> dict[str, Any]:
-    """All metrics for one detector on one labelled split (see module doc for conventions)."""
+def binary_metrics(y_true, score, pred, *, n_bootstrap: int = N_BOOTSTRAP, bootstrap_seed: int = BOOTSTRAP_SEED,
+                   confidence: float = CONFIDENCE) -> dict[str, Any]:
+    """All metrics for one detector on one labelled split (see module doc for conventions).
+
+    ``n_bootstrap=0`` skips the intervals (they are then NaN with a reason).
+    """
     y, s, p = _check(y_true, score, pred)
     nan = float("nan")
     reasons: dict[str, str] = {}
@@ -85,28 +125,33 @@ def binary_metrics(y_true, score, pred) -> dict[str, Any]:
     n_pos, n_neg = int(y.sum()), int(len(y) - y.sum())
     out: dict[str, Any] = {
         "n": int(len(y)), "n_pos": n_pos, "n_neg": n_neg,
+        "min_nonzero_fpr": 1.0 / n_neg if n_neg else nan,
         "tp": tp, "fp": fp, "tn": tn, "fn": fn,
         "accuracy": float(accuracy_score(y, p)),
     }
-    out["precision"] = tp / (tp + fp) if tp + fp else nan
+    out["precision"] = tp / (tp + fp) if tp + fp else 0.0
     if tp + fp == 0:
-        reasons["precision"] = "no predicted positives"
+        reasons["precision"] = "no predicted positives (precision 0, as sklearn's zero_division=0)"
     out["recall"] = tp / (tp + fn) if tp + fn else nan
     if tp + fn == 0:
         reasons["recall"] = "no positive rows"
     pr, rc = out["precision"], out["recall"]
-    out["f1"] = 2 * pr * rc / (pr + rc) if (pr + rc) > 0 else (0.0 if pr == pr and rc == rc else nan)
-    # MCC is undefined when any confusion margin is empty; sklearn says 0 there, we say NaN.
-    if min(tp + fp, tp + fn, tn + fp, tn + fn) == 0:
-        out["mcc"] = nan
-        reasons["mcc"] = "a confusion-matrix margin is empty (one class in labels or predictions)"
-    else:
-        out["mcc"] = float(matthews_corrcoef(y, p))
+    out["f1"] = 2 * pr * rc / (pr + rc) if (pr + rc) > 0 else (0.0 if rc == rc else nan)
+    out["degenerate"] = min(tp + fp, tp + fn, tn + fp, tn + fn) == 0
+    out["mcc"] = float(mcc_from_counts(tp, fp, tn, fn))
+    if out["degenerate"]:
+        reasons["mcc"] = "a confusion-matrix margin is empty (one class in labels or predictions): MCC 0"
 
+    ci_keys = ("auc_ci", f"tpr_at_{_pct(CI_FPR)}fpr_ci")
+    out["bootstrap"] = {"n_resamples": int(n_bootstrap), "seed": int(bootstrap_seed), "confidence": confidence,
+                        "method": "percentile, members and non-members resampled separately"}
     if n_pos == 0 or n_neg == 0:
         why = f"one class only (n_pos={n_pos}, n_neg={n_neg})"
         for key in ("auc", "pr_auc", *(f"tpr_at_{_pct(a)}fpr" for a in FPR_TARGETS)):
             out[key] = nan
+            reasons[key] = why
+        for key in ci_keys:
+            out[key] = [nan, nan]
             reasons[key] = why
         out["roc_curve"] = {"fpr": [], "tpr": [], "threshold": []}
         out["pr_curve"] = {"recall": [], "precision": [], "threshold": []}
@@ -115,6 +160,16 @@ def binary_metrics(y_true, score, pred) -> dict[str, Any]:
         fpr, tpr, thr = roc_curve(y, s, drop_intermediate=False)
         for a in FPR_TARGETS:
             out[f"tpr_at_{_pct(a)}fpr"] = tpr_at_fpr(fpr, tpr, a)
+        if n_bootstrap > 0:
+            pos, neg = s[y == 1], s[y == 0]
+            out[ci_keys[0]] = bootstrap_interval(_auc_batched, pos, neg, n_bootstrap, bootstrap_seed, confidence)
+            out[ci_keys[1]] = bootstrap_interval(
+                lambda a, b, axis=-1: _tpr_at_fpr_batched(a, b, CI_FPR, axis), pos, neg, n_bootstrap,
+                bootstrap_seed, confidence)
+        else:
+            for key in ci_keys:
+                out[key] = [nan, nan]
+                reasons[key] = "bootstrap switched off (n_bootstrap=0)"
         prec, rec, pthr = precision_recall_curve(y, s)
         # step-wise average precision over the curve (sklearn's PR-AUC convention)
         out["pr_auc"] = float(-np.sum(np.diff(rec) * prec[:-1]))
@@ -132,28 +187,39 @@ def _pct(a: float) -> str:
     return f"{a * 100:g}"  # tpr_at_1fpr = TPR at 1% FPR, tpr_at_5fpr = TPR at 5% FPR
 
 
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
 def median_over_repeats(results: list[Mapping[str, Any]]) -> dict[str, Any]:
-    """Median of every numeric scalar field over repeats (e.g. seeds), flat like one result.
+    """Median of every numeric scalar field over ALL repeats (e.g. seeds), flat like one result.
 
     ``out[f]`` is the median, ``out[f + "_min"]`` / ``out[f + "_max"]`` the range,
-    ``out["n_repeats"]`` the number of repeats. NaN repeats are left out of the
-    statistics and counted in ``out["n_nan"][f]``; a field NaN in every repeat stays NaN.
-    Curves and non-numeric fields are skipped.
+    ``out["n_repeats"]`` the number of repeats. No repeat is left out: a field NaN in
+    any repeat has a NaN median, and ``out["n_nan"][f]`` counts those repeats.
+    ``out["n_degenerate"]`` counts repeats whose confusion matrix had an empty margin
+    (their MCC is 0 and enters the median as 0). Intervals (``*_ci`` = [lo, hi]) become
+    the median lo and median hi over repeats: the typical interval of one seed, not an
+    interval for the median. Curves and other fields are skipped.
     """
     if not results:
         raise BadInput("no repeats to summarise")
-    keys = [k for k, v in results[0].items()
-            if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)]
+    first = results[0]
+    keys = [k for k, v in first.items() if _is_number(v)]
+    ci_keys = [k for k, v in first.items() if k.endswith("_ci") and isinstance(v, (list, tuple)) and len(v) == 2]
     out: dict[str, Any] = {}
     n_nan: dict[str, int] = {}
     for key in keys:
         vals = np.array([float(r.get(key, np.nan)) for r in results])
-        ok = vals[~np.isnan(vals)]
-        if len(ok) < len(vals):
-            n_nan[key] = int(len(vals) - len(ok))
-        out[key] = float(np.median(ok)) if len(ok) else float("nan")
-        out[key + "_min"] = float(ok.min()) if len(ok) else float("nan")
-        out[key + "_max"] = float(ok.max()) if len(ok) else float("nan")
+        if np.isnan(vals).any():
+            n_nan[key] = int(np.isnan(vals).sum())
+        out[key] = float(np.median(vals))
+        out[key + "_min"] = float(np.min(vals))
+        out[key + "_max"] = float(np.max(vals))
+    for key in ci_keys:
+        bounds = np.array([[float(b) for b in r.get(key, (np.nan, np.nan))] for r in results])
+        out[key] = [float(np.median(bounds[:, 0])), float(np.median(bounds[:, 1]))]
     out["n_repeats"] = len(results)
+    out["n_degenerate"] = int(sum(bool(r.get("degenerate", False)) for r in results))
     out["n_nan"] = n_nan
     return out

@@ -1,5 +1,10 @@
 """Detectors on Ray: CGMIA training as a Ray Train run, and the shadow -> target evaluation.
 
+Every detector's decision threshold is chosen on the shadow collection by a named rule
+(``leakray.evaluate.thresholds``) and applied unchanged to the target: the baselines'
+on their shadow scores, CGMIA's on cross-fitted out-of-fold shadow probabilities
+(``leakray.detect.cgmia.fit_thresholded``). The target's labels only score the result.
+
 Ray Train V2 (default in Ray 2.60) keeps reported metrics only together with a
 checkpoint, so the trained detector comes back as rank 0's return value
 (``Result.return_value``): a plain state dict, a few MB for d=768.
@@ -19,9 +24,17 @@ import ray
 
 from leakray.detect.arrays import scalar_column
 from leakray.detect.baselines import BASELINES
-from leakray.detect.cgmia import CGMIAConfig, CGMIADetector, arrays_from_table, fit
+from leakray.detect.cgmia import (
+    CROSS_FIT_FOLDS,
+    CGMIAConfig,
+    CGMIADetector,
+    arrays_from_table,
+    fit,
+    fit_thresholded,
+)
 from leakray.errors import BadInput
-from leakray.evaluate.metrics import binary_metrics, median_over_repeats
+from leakray.evaluate.metrics import BOOTSTRAP_SEED, N_BOOTSTRAP, binary_metrics, median_over_repeats
+from leakray.evaluate.thresholds import DEFAULT_RULE, apply_threshold, choose_threshold, parse_rule
 from leakray.schema import C, S
 
 CGMIA = "cgmia"
@@ -51,10 +64,12 @@ def _train_loop(loop_config: dict) -> list[dict]:
         if epoch == config.epochs - 1:
             ray.train.report({**metrics, "seed": seed})
 
+    rule, folds = loop_config["threshold_rule"], loop_config["threshold_folds"]
     states = []
     for seed in loop_config["seeds"]:
-        det = fit(arrays, config, seed, progress=False,
-                  report=lambda epoch, metrics, seed=seed: report(epoch, metrics, seed))
+        on_epoch = lambda epoch, metrics, seed=seed: report(epoch, metrics, seed)  # noqa: E731
+        det = fit(arrays, config, seed, progress=False, report=on_epoch) if rule is None else \
+            fit_thresholded(arrays, config, seed, rule, folds, progress=False, report=on_epoch)
         states.append(det.state(numpy=True))
     return states
 
@@ -62,8 +77,12 @@ def _train_loop(loop_config: dict) -> list[dict]:
 def train_cgmia_seeds_on_ray(train_table: pa.Table, config: CGMIAConfig | None = None,
                              seeds: Iterable[int] = (0,), num_workers: int = 1,
                              storage_path: str | os.PathLike | None = None,
-                             run_name: str | None = None) -> list[CGMIADetector]:
+                             run_name: str | None = None, threshold_rule: str | None = DEFAULT_RULE,
+                             threshold_folds: int = CROSS_FIT_FOLDS) -> list[CGMIADetector]:
     """Train one CGMIA detector per seed on a labelled collection, in one Ray Train run.
+
+    With a ``threshold_rule`` each detector also gets its decision threshold from
+    cross-fitting on the same rows (``fit_thresholded``); ``None`` trains without one.
 
     One run for all seeds because starting a run costs more than training (seconds for
     the FFN; the frozen parts are computed once per seed). ``num_workers`` must be 1:
@@ -79,6 +98,8 @@ def train_cgmia_seeds_on_ray(train_table: pa.Table, config: CGMIAConfig | None =
     seeds = [int(s) for s in seeds]
     if not seeds:
         raise BadInput("no seeds given")
+    if threshold_rule is not None:
+        parse_rule(threshold_rule)
     if not ray.is_initialized():
         raise BadInput("Ray is not initialised; call ray.init() (or connect to a cluster) first")
     storage = Path(storage_path or Path(tempfile.gettempdir()) / "leakray-ray-train").resolve()
@@ -86,7 +107,8 @@ def train_cgmia_seeds_on_ray(train_table: pa.Table, config: CGMIAConfig | None =
     name = run_name or f"cgmia-seeds{'-'.join(map(str, seeds[:4]))}-{uuid.uuid4().hex[:8]}"
     trainer = TorchTrainer(
         _train_loop,
-        train_loop_config={"arrays": arrays_ref, "config": config.to_dict(), "seeds": seeds},
+        train_loop_config={"arrays": arrays_ref, "config": config.to_dict(), "seeds": seeds,
+                           "threshold_rule": threshold_rule, "threshold_folds": int(threshold_folds)},
         scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=config.device.startswith("cuda")),
         run_config=RunConfig(storage_path=str(storage), name=name),
     )
@@ -127,23 +149,36 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
                        seeds: Iterable[int] = (0, 1, 2, 3, 4), *, use_ray_train: bool = False,
                        storage_path: str | os.PathLike | None = None, allow_task_overlap: bool = False,
                        baselines: Iterable[str] = tuple(BASELINES), progress: bool = False,
-                       save_dir: str | os.PathLike | None = None
-                       ) -> dict[str, Any]:
+                       save_dir: str | os.PathLike | None = None, threshold_rule: str = DEFAULT_RULE,
+                       threshold_folds: int = CROSS_FIT_FOLDS, bootstrap: int = N_BOOTSTRAP,
+                       bootstrap_seed: int = BOOTSTRAP_SEED) -> dict[str, Any]:
     """Train CGMIA on the shadow collection per seed, score the target, compare with baselines.
 
+    Decisions: every detector's threshold is chosen on the shadow by ``threshold_rule``
+    (see module doc; CGMIA's over ``threshold_folds`` cross-fitted folds) and applied to
+    the target. Intervals: ``bootstrap`` stratified resamples (0: none) of the target, seeded by
+    ``bootstrap_seed`` (the same resamples for every detector and seed).
     With ``use_ray_train`` all seeds train in one Ray Train run (Ray must be initialised).
 
     Returns ``{"per_seed": {detector: [metrics, ...]}, "median": {detector: median_over_repeats},
-    "seeds": [...], "scores": pa.Table (SCORES_SCHEMA, one row per task per detector per seed)}``.
-    Baselines are seed-free: computed once, stored with S.SEED = BASELINE_SEED, and their
-    "median" is over that single run. Shadow and target must not share a (benchmark, task_id)
-    unless ``allow_task_overlap`` (splits are by task).
+    "thresholds": {detector: {"rule", "chosen_on", "values": [per seed]}}, "threshold_rule",
+    "bootstrap": {"n_resamples", "seed"}, "seeds": [...], "scores": pa.Table (SCORES_SCHEMA,
+    one row per task per detector per seed)}``; each per-seed metrics dict also holds its
+    ``"threshold"`` (``Threshold.to_dict()``: rule, value, chosen_on and the shadow's
+    tpr/fpr/mcc at the cut). Baselines are seed-free: computed once, stored with
+    S.SEED = BASELINE_SEED, and their "median" is over that single run. Shadow and
+    target must not share a (benchmark, task_id) unless ``allow_task_overlap``.
     """
     config = config or CGMIAConfig()
     seeds = [int(s) for s in seeds]
     if not seeds:
         raise BadInput("no seeds given")
-    _labels(shadow_table, "shadow")
+    parse_rule(threshold_rule)
+    baselines = list(baselines)
+    for name in baselines:
+        if name not in BASELINES:
+            raise BadInput(f"unknown baseline {name!r}; known: {sorted(BASELINES)}")
+    y_shadow = _labels(shadow_table, "shadow")
     y = _labels(target_table, "target")
     shadow_keys, target_keys = _keys(shadow_table), _keys(target_table)
     overlap = set(shadow_keys) & set(target_keys)
@@ -152,9 +187,10 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
                        "split by task or pass allow_task_overlap=True", field=C.TASK_ID)
     task_ids = [t for _, t in target_keys]
     target_arrays = arrays_from_table(target_table)
-    shadow_arrays = None if use_ray_train else arrays_from_table(shadow_table)
+    boot = {"n_bootstrap": int(bootstrap), "bootstrap_seed": int(bootstrap_seed)}
 
     per_seed: dict[str, list[dict]] = {CGMIA: []}
+    thresholds: dict[str, dict] = {}
     parts: list[pa.Table] = []
 
     def add_scores(name: str, seed: int, score: np.ndarray, pred: np.ndarray) -> None:
@@ -164,28 +200,46 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
             S.PREDICTION: np.asarray(pred, np.int8), S.MEMBER: y,
         }, schema=SCORES_SCHEMA))
 
+    def add_threshold(name: str, th: Mapping[str, Any]) -> None:
+        entry = thresholds.setdefault(name, {"rule": th["rule"], "chosen_on": th["chosen_on"], "values": []})
+        entry["values"].append(th["value"])
+
     if use_ray_train:
-        detectors = train_cgmia_seeds_on_ray(shadow_table, config, seeds, storage_path=storage_path)
+        detectors = train_cgmia_seeds_on_ray(shadow_table, config, seeds, storage_path=storage_path,
+                                             threshold_rule=threshold_rule, threshold_folds=threshold_folds)
     else:
-        detectors = [fit(shadow_arrays, config, seed, progress=progress) for seed in seeds]
+        shadow_arrays = arrays_from_table(shadow_table)
+        detectors = [fit_thresholded(shadow_arrays, config, seed, threshold_rule, threshold_folds,
+                                     progress=progress) for seed in seeds]
     for seed, det in zip(seeds, detectors):
-        if save_dir is not None:  # frozen projections and scaler travel with the weights
+        if save_dir is not None:  # frozen projections, scaler and threshold travel with the weights
             det.save(Path(save_dir) / f"cgmia-seed{seed}")
         proba = det.predict_proba(target_arrays)
-        pred = (proba >= 0.5).astype(np.int8)
-        per_seed[CGMIA].append(binary_metrics(y, proba, pred))  # aligned with "seeds"
+        pred = (proba >= det.threshold["value"]).astype(np.int8)
+        per_seed[CGMIA].append({**binary_metrics(y, proba, pred, **boot), "threshold": det.threshold})
+        add_threshold(CGMIA, det.threshold)
         add_scores(CGMIA, seed, proba, pred)
 
+    skipped: dict[str, str] = {}
     for name in baselines:
-        if name not in BASELINES:
-            raise BadInput(f"unknown baseline {name!r}; known: {sorted(BASELINES)}")
-        out = BASELINES[name](target_table)
-        per_seed[name] = [binary_metrics(y, out[S.SCORE], out[S.PREDICTION])]
-        add_scores(name, BASELINE_SEED, out[S.SCORE], out[S.PREDICTION])
+        try:  # an input missing for some rows (a NaN reference loss) skips the detector, named
+            shadow_score, score = BASELINES[name](shadow_table), BASELINES[name](target_table)
+        except BadInput as exc:
+            skipped[name] = f"input unusable: {exc}"
+            continue
+        th = choose_threshold(y_shadow, shadow_score, threshold_rule, chosen_on="shadow").to_dict()
+        pred = apply_threshold(score, th["value"])
+        per_seed[name] = [{**binary_metrics(y, score, pred, **boot), "threshold": th}]
+        add_threshold(name, th)
+        add_scores(name, BASELINE_SEED, score, pred)
 
     return {
         "per_seed": per_seed,
         "median": {name: median_over_repeats(ms) for name, ms in per_seed.items()},
+        "thresholds": thresholds,
+        "skipped": skipped,
+        "threshold_rule": threshold_rule,
+        "bootstrap": {"n_resamples": int(bootstrap), "seed": int(bootstrap_seed)},
         "seeds": seeds,
         "scores": pa.concat_tables(parts),
     }

@@ -1,5 +1,10 @@
 """report.json and report.md of a simulated-leakage run: every number, config, seed,
-stage timing and model size in JSON; the same, readable, in Markdown."""
+stage timing and model size in JSON; the same, readable, in Markdown.
+
+Besides the detectors' medians the report states how their decisions were made (the
+threshold rule and the shadow-chosen cuts), how many seeds were degenerate (MCC 0), how
+many non-members the low-FPR numbers rest on, the bootstrap intervals, per-stage stats
+from the stage markers, and the sandbox isolation the generated code ran under."""
 
 from __future__ import annotations
 
@@ -16,6 +21,11 @@ from leakray.runs import MARKER, write_json_atomic
 from leakray.schema import C
 
 METRIC_KEYS = ("precision", "recall", "mcc", "auc", "tpr_at_1fpr", "tpr_at_5fpr")
+# beside the metrics: the intervals, what the low-FPR numbers rest on, degenerate seeds
+DETAIL_KEYS = ("auc_ci", "tpr_at_5fpr_ci", "n_pos", "n_neg", "min_nonzero_fpr", "n_degenerate", "n_repeats")
+# per-stage stats the stages write into their markers (missing ones show as –)
+STAGE_KEYS = ("seconds", "rows_in", "rows_out", "errors", "parse_failures")
+COLLECT_STAGES = ("collect_shadow", "collect_target")
 
 
 def _mean(values) -> float:
@@ -57,6 +67,32 @@ def _stage_info(run_dir: Path) -> dict:
     return info
 
 
+def detector_summary(metrics: dict) -> dict:
+    """Per detector: the median metrics, their details, and the threshold that made its decisions."""
+    out = {}
+    for name, m in metrics["median"].items():
+        row = {k: m.get(k) for k in METRIC_KEYS + DETAIL_KEYS}
+        for k in ("n_pos", "n_neg", "n_repeats", "n_degenerate"):  # counts: medians of ints stay ints
+            if isinstance(row[k], float) and row[k].is_integer():
+                row[k] = int(row[k])
+        th = metrics.get("thresholds", {}).get(name)
+        row["threshold"] = None if th is None else {
+            "rule": th["rule"], "chosen_on": th["chosen_on"], "values": th["values"],
+            "median": float(np.median(th["values"])) if th["values"] else None}
+        out[name] = row
+    return out
+
+
+def stage_stats(stages: dict) -> dict:
+    """``{stage: {seconds, rows_in, rows_out, errors, parse_failures}}`` from the markers (None if absent)."""
+    return {name: {k: info.get(k) for k in STAGE_KEYS} for name, info in stages.items()}
+
+
+def isolation_of(stages: dict) -> dict:
+    """The sandbox isolation level each collect stage recorded (None where it recorded none)."""
+    return {name: stages[name].get("isolation") for name in COLLECT_STAGES if name in stages}
+
+
 def write_report(run_dir: Path, cfg: dict, timings: dict) -> dict:
     stages = _stage_info(run_dir)
     metrics = json.loads((run_dir / "detect" / "metrics.json").read_text())
@@ -69,9 +105,14 @@ def write_report(run_dir: Path, cfg: dict, timings: dict) -> dict:
         "protocol": "CGMIA simulated leakage (RQ1): target = base + D1, shadow = base + D3; "
                     "detectors trained on shadow (D3 members, D4 non-members), tested on target "
                     "(D1 members, D2 non-members)",
-        "detectors": {name: {k: m.get(k) for k in METRIC_KEYS} for name, m in metrics["median"].items()},
+        "isolation": isolation_of(stages),
+        "threshold_rule": metrics.get("threshold_rule"),
+        "bootstrap": metrics.get("bootstrap"),
+        "detectors": detector_summary(metrics),
         "detectors_full": metrics,
+        "skipped": metrics.get("skipped", {}),
         "leak": {"target": leak_summary(target), "shadow": leak_summary(shadow)},
+        "stages": stage_stats(stages),
         "timings_s": {**{name: info.get("seconds") for name, info in stages.items()},
                       "sum_of_stages": round(sum(i.get("seconds", 0) for i in stages.values()), 1), **timings},
         "models": {
@@ -98,17 +139,80 @@ def write_report(run_dir: Path, cfg: dict, timings: dict) -> dict:
 def _fmt(v) -> str:
     if v is None:
         return "–"
+    if isinstance(v, bool):
+        return str(v).lower()
     if isinstance(v, float):
         return "nan" if math.isnan(v) else f"{v:.3f}"
+    if isinstance(v, dict):
+        return ", ".join(f"{k}: {n}" for k, n in sorted(v.items())) if v else "0"
+    if isinstance(v, (list, tuple)) and len(v) == 2:
+        return f"[{_fmt(v[0])}, {_fmt(v[1])}]"
     return str(v)
+
+
+def _isolation_line(iso: dict) -> str:
+    if not iso:
+        return "Sandbox isolation of generated code: not recorded (no collect stage marker)."
+    levels = {v for v in iso.values()}
+    if len(levels) == 1:
+        (level,) = levels
+        return f"Sandbox isolation of generated code: **{_fmt(level)}** ({', '.join(iso)})."
+    return "Sandbox isolation of generated code: " + "; ".join(f"{k}: **{_fmt(v)}**" for k, v in iso.items()) + "."
+
+
+def _threshold_lines(r: dict) -> list[str]:
+    rule = r.get("threshold_rule")
+    lines = [f"Decision thresholds: rule `{rule or '–'}`, chosen on the shadow collection and applied "
+             "unchanged to the target (precision, recall and MCC use them; AUC and TPR@FPR are threshold-free)."]
+    for name, m in r["detectors"].items():
+        th = m.get("threshold")
+        if th:
+            vals = th["values"]
+            shown = _fmt(vals[0]) if len(vals) == 1 else f"median {_fmt(th['median'])} " \
+                f"(range {_fmt(min(vals))}–{_fmt(max(vals))} over {len(vals)} seeds)"
+            lines.append(f"- {name}: {shown}, chosen on {th['chosen_on']}")
+    return lines
+
+
+def _low_fpr_note(r: dict) -> str:
+    negs = {m.get("n_neg") for m in r["detectors"].values() if m.get("n_neg")}
+    boot = r.get("bootstrap") or {}
+    note = ("TPR@FPR is the conservative step (the largest TPR at a cut whose FPR does not exceed the target, "
+            "no interpolation).")
+    if len(negs) == 1:
+        (n,) = negs
+        note += (f" The target has {n} non-members, so the smallest nonzero FPR is 1/{n} = {1 / n:.3f}"
+                 + (": TPR@1%FPR counts only cuts with no false positive." if 1 / n > 0.01 else "."))
+    if boot:
+        note += (f" Intervals: 95% percentile bootstrap, {boot.get('n_resamples')} resamples of the target "
+                 f"stratified by class, seed {boot.get('seed')}; over several seeds the median of the per-seed bounds.")
+    return note
+
+
+DETECTOR_COLUMNS = (("precision", "precision"), ("recall", "recall"), ("mcc", "MCC"), ("auc", "AUC"),
+                    ("auc_ci", "AUC 95% CI"), ("tpr_at_1fpr", "TPR@1%FPR"), ("tpr_at_5fpr", "TPR@5%FPR"),
+                    ("tpr_at_5fpr_ci", "TPR@5%FPR 95% CI"), ("n_neg", "non-members"),
+                    ("n_degenerate", "degenerate seeds"))
 
 
 def render_markdown(r: dict) -> str:
     lines = [f"# leakray simulated-leakage audit — {r['benchmark']['name']}", "", r["protocol"] + ".", "",
+             _isolation_line(r.get("isolation") or {}), "",
              "## Detectors on the target (median over seeds)", "",
-             "| detector | " + " | ".join(METRIC_KEYS) + " |", "|---" * (len(METRIC_KEYS) + 1) + "|"]
+             "| detector | " + " | ".join(h for _, h in DETECTOR_COLUMNS) + " |",
+             "|---" * (len(DETECTOR_COLUMNS) + 1) + "|"]
     for name, m in r["detectors"].items():
-        lines.append(f"| {name} | " + " | ".join(_fmt(m.get(k)) for k in METRIC_KEYS) + " |")
+        cells = []
+        for key, _ in DETECTOR_COLUMNS:
+            v = m.get(key)
+            if key == "n_degenerate" and v is not None and m.get("n_repeats") is not None:
+                v = f"{v} of {m['n_repeats']}"
+            cells.append(_fmt(v))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += [f"- **{name}** skipped: {why}" for name, why in (r.get("skipped") or {}).items()]
+    lines += ["", *_threshold_lines(r), "", _low_fpr_note(r),
+              "A seed is degenerate when its decisions put every target row in one class (a confusion-matrix "
+              "margin is empty); its MCC counts as 0 in the median."]
     lines += ["", "## The simulated leak (members vs non-members)", ""]
     for role in ("target", "shadow"):
         leak = r["leak"][role]
@@ -126,8 +230,16 @@ def render_markdown(r: dict) -> str:
                 "tasks", "pass_rate", "tasks_with_a_pass", "edit_distance", "min_edit_distance", "codebleu",
                 "perplexity", "ref_loss")) + " |")
         lines.append("")
-    lines += ["## Stages", "", "| stage | seconds |", "|---|---|"]
-    lines += [f"| {k} | {_fmt(v)} |" for k, v in r["timings_s"].items()]
+    lines += ["## Stages", "", "| stage | " + " | ".join(k.replace("_", " ") for k in STAGE_KEYS) + " |",
+              "|---" * (len(STAGE_KEYS) + 1) + "|"]
+    for name, st in (r.get("stages") or {}).items():
+        cells = [f"{st[k]:.1f}" if k == "seconds" and isinstance(st.get(k), (int, float)) else _fmt(st.get(k))
+                 for k in STAGE_KEYS]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    extra = {k: v for k, v in r["timings_s"].items() if k not in (r.get("stages") or {})}
+    if extra:
+        lines += ["", "Timings: " + ", ".join(f"{k} {v:.1f} s" if isinstance(v, (int, float)) else f"{k} {_fmt(v)}"
+                                          for k, v in extra.items()) + "."]
     lines += ["", "## Models", "", "```json", json.dumps(r["models"], indent=1), "```",
               "", "## Collections", "", "```json", json.dumps(r["collections"], indent=1), "```",
               "", f"Seeds: `{json.dumps(r['seeds'])}`. Full configuration and per-seed metrics: `report.json`.", ""]
