@@ -61,6 +61,15 @@ class C:
     REF_EMBEDDING = "ref_embedding"  # list<float>[d]
     REF_LOSS = "ref_loss"  # mean token NLL of the reference under the model (NaN + a note when unscorable)
     NOTES = "notes"  # list<string>: why this row was degraded (truncated prompt, NaN loss, ...), counted per stage
+    # The reference continuation's tokens under the model (likelihood family, CodeMI). Null when
+    # the backend could not fill them (the report says which; detectors needing them are skipped).
+    REF_TOKEN_LOGPROBS = "ref_token_logprobs"  # list<float>: log p(token_t | prompt, ref_<t)
+    REF_TOKEN_MU = "ref_token_mu"  # list<float>: E_v[log p(v | ...)] over the vocabulary at t (Min-K%++)
+    REF_TOKEN_SIGMA = "ref_token_sigma"  # list<float>: std_v of log p(v | ...) at t (Min-K%++)
+    REF_TOKEN_RANK = "ref_token_rank"  # list<int>: rank of the reference token at t (0 = argmax; CodeMI)
+    REFMODEL_TOKEN_LOGPROBS = "refmodel_token_logprobs"  # list<float>: same tokens under the reference model
+    UPPER_COMPLETIONS = "upper_completions"  # list<string>[k]: completions of the upper-cased prompt (BUZZER-b)
+    UPPER_PERPLEXITY = "upper_perplexity"  # list<float>[k]
 
     # The expert vector's blocks, in order; each block has k entries.
     EXPERT_BLOCKS = (PERPLEXITY, CODEBLEU, EDIT_DISTANCE, PASSED)
@@ -90,6 +99,13 @@ def collection_schema() -> pa.Schema:
             (C.REF_EMBEDDING, pa.list_(f32)),
             (C.REF_LOSS, pa.float32()),
             (C.NOTES, pa.list_(pa.string())),
+            (C.REF_TOKEN_LOGPROBS, pa.list_(f32)),
+            (C.REF_TOKEN_MU, pa.list_(f32)),
+            (C.REF_TOKEN_SIGMA, pa.list_(f32)),
+            (C.REF_TOKEN_RANK, pa.list_(pa.int32())),
+            (C.REFMODEL_TOKEN_LOGPROBS, pa.list_(f32)),
+            (C.UPPER_COMPLETIONS, pa.list_(pa.string())),
+            (C.UPPER_PERPLEXITY, pa.list_(f32)),
         ]
     )
 

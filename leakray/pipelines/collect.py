@@ -206,8 +206,15 @@ def finalize(table: pa.Table) -> pa.Table:
             keep.append(i)
     table = table.take(keep).sort_by(C.TASK_ID)
     schema = collection_schema()
-    return pa.table({name: table.column(name).cast(schema.field(name).type) for name in schema.names},
+    # optional columns a backend did not fill are all-null, never invented
+    return pa.table({name: table.column(name).cast(schema.field(name).type) if name in table.column_names
+                     else pa.nulls(table.num_rows, schema.field(name).type) for name in schema.names},
                     schema=schema)
+
+
+def unfilled_columns(table: pa.Table) -> list[str]:
+    """Collection columns with no value in any row (the backend could not fill them)."""
+    return [name for name in table.column_names if table.num_rows and table.column(name).null_count == table.num_rows]
 
 
 def collect_on_ray(table: pa.Table, model_path: str, cfg: CollectConfig, out_dir: Path) -> pa.Table:
@@ -250,6 +257,7 @@ def collection_stats(table: pa.Table, seconds: float) -> dict:
     notes = Counter(n for row in table.column(C.NOTES).to_pylist() for n in row or [])
     return {
         "rows": table.num_rows, "rows_out": table.num_rows, "completions": sum(statuses.values()),
+        "unfilled_columns": unfilled_columns(table),
         "errors": {**{f"exec_{k}": v for k, v in statuses.items() if k not in ("passed", "failed", "no-tests")},
                    **{k: v for k, v in notes.items() if k not in PARSE_NOTES}},
         "parse_failures": {k: v for k, v in notes.items() if k in PARSE_NOTES},
