@@ -41,6 +41,22 @@ def cache_root() -> Path:
     return root
 
 
+# Set by Ray's job supervisor in the driver of every `ray job submit` job.
+_RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+
+def output_root(path: str | Path) -> Path:
+    """Where a run writes. A submitted job's working directory is Ray's temporary copy of the
+    uploaded tree (deleted with the session), so there a relative path is resolved under
+    `$LEAKRAY_HOME` (default `~/leakray`) on the node running the driver instead."""
+    path = Path(path).expanduser()
+    if path.is_absolute():
+        return path
+    if os.environ.get(_RAY_JOB_ENV):
+        return (Path(os.environ.get("LEAKRAY_HOME", "~/leakray")).expanduser() / path).resolve()
+    return path.resolve()
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))

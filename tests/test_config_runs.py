@@ -120,3 +120,15 @@ def test_stage_runner_resumes_and_records_stats(tmp_path):
     assert info["a"]["rows_out"] == 1 and info["b"]["errors"] == {"timeout": 1}
     assert set(info["b"]) >= {"seconds", "rows_in", "rows_out", "errors", "parse_failures"}
     assert console.lines[-2] == ("a", True, "")
+
+
+def test_submitted_jobs_write_outside_rays_temporary_working_dir(tmp_path, monkeypatch):
+    from leakray.runs import output_root
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    assert output_root("runs") == tmp_path / "runs"
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")  # what Ray's job supervisor sets
+    monkeypatch.setenv("LEAKRAY_HOME", str(tmp_path / "home"))
+    assert output_root("runs") == tmp_path / "home" / "runs"
+    assert output_root(tmp_path / "abs") == tmp_path / "abs"

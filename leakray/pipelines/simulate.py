@@ -20,7 +20,7 @@ from leakray.data.folds import assign_folds
 from leakray.data.registry import load_benchmark
 from leakray.data.tasks import continuation, program_of
 from leakray.errors import BadInput
-from leakray.runs import StageRunner, StageSpec, content_hash, write_json_atomic
+from leakray.runs import StageRunner, StageSpec, content_hash, output_root, write_json_atomic
 from leakray.schema import T
 
 ROLES = {"target": (0, 1), "shadow": (2, 3)}  # role -> (member fold, non-member fold): D1/D2, D3/D4
@@ -165,7 +165,7 @@ def run_simulation(cfg: SimulateConfig, console: Console | None = None) -> Path:
     t_start = time.perf_counter()
     tasks = load_tasks(cfg)
     isolation = preflight_isolation(cfg)
-    run_dir = Path(cfg.output_dir).expanduser().resolve() / f"{cfg.benchmark.name}-{run_id(cfg, tasks)}"
+    run_dir = output_root(cfg.output_dir) / f"{cfg.benchmark.name}-{run_id(cfg, tasks)}"
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / "config.json", cfg.model_dump())
     log_file = setup_logging(run_dir / "logs", console.verbose)

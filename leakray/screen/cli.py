@@ -41,6 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from leakray.errors import BadInput
     from leakray.pipelines.screen import run_screen
+    from leakray.runs import output_root
     from leakray.screen.index import ScreenConfig
 
     try:
@@ -48,11 +49,13 @@ def run(args: argparse.Namespace) -> int:
                               containment=args.containment, field=args.field,
                               min_containment_shingles=args.min_containment_shingles,
                               max_file_bytes=args.max_file_bytes)
-        run_screen(args.benchmark, args.corpus, args.output, config, engine=args.engine, workers=args.workers,
+        output = output_root(args.output)
+        run_screen(args.benchmark, args.corpus, output, config, engine=args.engine, workers=args.workers,
                    address=args.address, num_cpus=args.num_cpus, force=args.force)
     except (BadInput, ValueError) as exc:
         print(f"leakray screen: {exc}", file=sys.stderr)
         return 2
+    print(f"leakray screen: outputs in {output}")
     return 0
 
 
