@@ -14,6 +14,7 @@ SUBCOMMAND_MODULES = (
     "leakray.sandbox.cli",  # execute
     "leakray.data.cli",  # benchmarks validate
     "leakray.screen.cli",  # screen
+    "leakray.perturb.cli",  # perturb
 )
 
 

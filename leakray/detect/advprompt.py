@@ -1,0 +1,311 @@
+"""AdvPrompt-MIA: membership from how stable a model's completion stays under semantics-
+preserving prompt perturbations (the 11 variants of ``leakray.perturb``).
+
+Features (27, paper §IV-B1), per task:
+- ``sim_base``, ``sim_<slot>`` x11: cosine similarity between the mean-pooled encoder
+  embedding of the reference continuation and that of the unperturbed completion / of
+  each perturbed completion; then ``sim_mean``, ``sim_std`` over those 12;
+- ``ppl_<slot>`` x11: (PPL(perturbed completion) - PPL(unperturbed)) / PPL(unperturbed);
+  then ``ppl_mean``, ``ppl_std`` over those 11.
+
+Missing variants (a kind that does not apply, or a variant whose reference failed the
+sandbox check) are explicit: ``adv_mask`` [n, 11] is False there. Their two features are
+NaN in ``feature_matrix``; the summary statistics use present entries only; before the MLP
+a missing slot's feature is imputed with the same row's mean of its group (so it moves
+neither that row's mean nor its ranking among the row's other slots), and a row with no
+perturbed variant at all gets relative perplexity 0 (no change). ``mask_features=True``
+appends the 11 presence flags (38 inputs) for callers that want the classifier to see them.
+
+Classifier (§IV-B2, §V-D): 27 -> 512 -> 512 -> 512 -> 2, ReLU and dropout after each hidden
+layer, cross-entropy, Adam lr 1e-3 without weight decay, 25 epochs, shuffled batches of 4.
+Not in the paper and chosen here: dropout 0.2 (the rate is not given) and a StandardScaler
+fitted on training rows only (relative perplexities are unbounded; unscaled, one outlier
+saturates the first layer).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+from torch import nn
+
+from leakray.errors import BadInput
+from leakray.perturb.core import SLOTS, slot_name
+
+FORMAT_VERSION = 1
+N_VARIANTS = len(SLOTS)  # 11
+SLOT_NAMES = tuple(slot_name(k, i) for k, i in SLOTS)
+FEATURE_NAMES = (("sim_base",) + tuple(f"sim_{s}" for s in SLOT_NAMES) + ("sim_mean", "sim_std")
+                 + tuple(f"ppl_{s}" for s in SLOT_NAMES) + ("ppl_mean", "ppl_std"))
+N_FEATURES = len(FEATURE_NAMES)  # 27
+_SIM = slice(0, 12)  # sim_base + 11 slots
+_PPL = slice(14, 25)  # 11 relative perplexities
+_CONFIG_FILE, _WEIGHTS_FILE = "advprompt.json", "weights.pt"
+ARRAY_KEYS = ("ref", "base", "adv", "base_ppl", "adv_ppl", "adv_mask")
+
+
+@dataclass
+class AdvPromptConfig:
+    hidden: tuple[int, ...] = (512, 512, 512)
+    dropout: float = 0.2
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    batch_size: int = 4
+    epochs: int = 25
+    standardize: bool = True
+    mask_features: bool = False
+    drop_features: tuple[str, ...] = ()  # RQ2 ablation: feature names left out
+    device: str = "cpu"
+
+    def __post_init__(self):
+        self.hidden = tuple(int(h) for h in self.hidden)
+        self.drop_features = tuple(self.drop_features)
+        unknown = set(self.drop_features) - set(FEATURE_NAMES)
+        if unknown:
+            raise BadInput(f"AdvPromptConfig: unknown features {sorted(unknown)} (see FEATURE_NAMES)")
+        if len(self.drop_features) == N_FEATURES and not self.mask_features:
+            raise BadInput("AdvPromptConfig: every feature dropped")
+        if not 0.0 <= self.dropout < 1.0:
+            raise BadInput("AdvPromptConfig: dropout must be in [0, 1)")
+        for name in ("batch_size", "epochs"):
+            if getattr(self, name) < 1:
+                raise BadInput(f"AdvPromptConfig: {name} must be >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["hidden"], d["drop_features"] = list(self.hidden), list(self.drop_features)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "AdvPromptConfig":
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise BadInput(f"AdvPromptConfig: unknown keys {sorted(unknown)}")
+        return cls(**d)
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine of [..., d] arrays; 0 where either vector is all zeros."""
+    num = (a * b).sum(-1)
+    den = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
+    return np.divide(num, den, out=np.zeros_like(num), where=den > 0)
+
+
+def _check_arrays(arrays: Mapping[str, np.ndarray]) -> int:
+    missing = [k for k in ARRAY_KEYS if k not in arrays]
+    if missing:
+        raise BadInput(f"advprompt arrays lack {missing} (need {list(ARRAY_KEYS)})")
+    ref, base, adv = (np.asarray(arrays[k]) for k in ("ref", "base", "adv"))
+    n = len(ref)
+    want = {"ref": (n, None), "base": (n, None), "adv": (n, N_VARIANTS, None), "base_ppl": (n,),
+            "adv_ppl": (n, N_VARIANTS), "adv_mask": (n, N_VARIANTS)}
+    d = ref.shape[1] if ref.ndim == 2 else None
+    for key, shape in want.items():
+        got = np.asarray(arrays[key]).shape
+        shape = tuple(d if s is None else s for s in shape)
+        if got != shape:
+            raise BadInput(f"advprompt array {key!r} has shape {got}, expected {shape}", field=key)
+    base_ppl = np.asarray(arrays["base_ppl"], dtype=np.float64)
+    bad = ~(np.isfinite(base_ppl) & (base_ppl > 0))
+    if bad.any():
+        raise BadInput(f"unperturbed perplexity must be finite and > 0, got {base_ppl[bad][0]}",
+                       row=int(np.flatnonzero(bad)[0]), field="base_ppl")
+    mask = np.asarray(arrays["adv_mask"], dtype=bool)
+    adv_ppl = np.asarray(arrays["adv_ppl"], dtype=np.float64)
+    bad = mask & ~np.isfinite(adv_ppl)
+    if bad.any():
+        raise BadInput("non-finite perplexity of a present variant", row=int(np.flatnonzero(bad.any(1))[0]),
+                       field="adv_ppl")
+    return n
+
+
+def feature_matrix(arrays: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(features [n, 27] with NaN at missing variants, present [n, 11] bool)."""
+    n = _check_arrays(arrays)
+    ref = np.asarray(arrays["ref"], dtype=np.float64)
+    base = np.asarray(arrays["base"], dtype=np.float64)
+    adv = np.asarray(arrays["adv"], dtype=np.float64)
+    present = np.asarray(arrays["adv_mask"], dtype=bool)
+    base_ppl = np.asarray(arrays["base_ppl"], dtype=np.float64)
+    adv_ppl = np.asarray(arrays["adv_ppl"], dtype=np.float64)
+
+    sims = np.concatenate([_cosine(ref, base)[:, None], _cosine(ref[:, None, :], adv)], axis=1)  # [n, 12]
+    sims[:, 1:][~present] = np.nan
+    rel = np.where(present, (adv_ppl - base_ppl[:, None]) / base_ppl[:, None], np.nan)  # [n, 11]
+    any_adv = present.any(1)
+    with np.errstate(invalid="ignore"):
+        rel_mean = np.where(any_adv, np.nanmean(np.where(any_adv[:, None], rel, 0.0), axis=1), 0.0)
+        rel_std = np.where(any_adv, np.nanstd(np.where(any_adv[:, None], rel, 0.0), axis=1), 0.0)
+    x = np.concatenate([sims, np.nanmean(sims, 1, keepdims=True), np.nanstd(sims, 1, keepdims=True),
+                        rel, rel_mean[:, None], rel_std[:, None]], axis=1)
+    assert x.shape == (n, N_FEATURES)
+    return x, present
+
+
+def impute(x: np.ndarray) -> np.ndarray:
+    """Missing per-slot features -> the row's mean of that group (relative perplexity 0 when a row
+    has no perturbed variant at all). Summary columns are already over present entries."""
+    x = x.copy()
+    for group, mean_col in ((_SIM, 12), (_PPL, 25)):
+        block = x[:, group]  # a view: filled in place
+        fill = np.where(np.isfinite(x[:, mean_col]), x[:, mean_col], 0.0)
+        missing = ~np.isfinite(block)
+        block[missing] = np.broadcast_to(fill[:, None], block.shape)[missing]
+    return x
+
+
+def _seeds(seed: int) -> tuple[int, int]:
+    a, b = np.random.SeedSequence(int(seed)).generate_state(2)
+    return int(a), int(b)
+
+
+def _mlp(in_dim: int, cfg: AdvPromptConfig) -> nn.Sequential:
+    layers, prev = [], in_dim
+    for h in cfg.hidden:
+        layers += [nn.Linear(prev, h), nn.ReLU(), nn.Dropout(cfg.dropout)]
+        prev = h
+    layers.append(nn.Linear(prev, 2))
+    return nn.Sequential(*layers)
+
+
+class AdvPromptDetector:
+    def __init__(self, config: AdvPromptConfig, seed: int, mean: np.ndarray, scale: np.ndarray):
+        self.config, self.seed = config, int(seed)
+        self.keep = np.array([name not in config.drop_features for name in FEATURE_NAMES])
+        self.mean = np.asarray(mean, dtype=np.float64)
+        self.scale = np.asarray(scale, dtype=np.float64)
+        self.history: list[dict[str, float]] = []
+        self.n_train = 0
+        init_seed, _ = _seeds(seed)
+        with torch.random.fork_rng(devices=[]):  # leave the caller's RNG alone
+            torch.manual_seed(init_seed)
+            self.net = _mlp(self.in_dim, config)
+        self.net.to(config.device)
+
+    @property
+    def in_dim(self) -> int:
+        return int(self.keep.sum()) + N_VARIANTS * self.config.mask_features
+
+    def inputs(self, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The MLP's input [n, in_dim]: features imputed, ablated, scaled (+ presence flags)."""
+        x, present = feature_matrix(arrays)
+        x = impute(x)[:, self.keep]
+        if self.config.standardize:
+            x = (x - self.mean) / self.scale
+        if self.config.mask_features:
+            x = np.concatenate([x, present.astype(np.float64)], axis=1)
+        return x.astype(np.float32)
+
+    def predict_proba(self, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Member probability per row, float64 [n]."""
+        x = torch.as_tensor(self.inputs(arrays), device=self.config.device)
+        self.net.eval()
+        with torch.inference_mode():
+            return torch.softmax(self.net(x), dim=1)[:, 1].double().cpu().numpy()
+
+    def save(self, directory: str | Path) -> Path:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        torch.save({k: v.detach().cpu() for k, v in self.net.state_dict().items()}, directory / _WEIGHTS_FILE)
+        meta = {"format_version": FORMAT_VERSION, "config": self.config.to_dict(), "seed": self.seed,
+                "mean": self.mean.tolist(), "scale": self.scale.tolist(), "n_train": self.n_train,
+                "history": self.history, "features": list(FEATURE_NAMES)}
+        (directory / _CONFIG_FILE).write_text(json.dumps(meta, indent=1))  # last: marks completion
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path, device: str | None = None) -> "AdvPromptDetector":
+        directory = Path(directory)
+        if not (directory / _CONFIG_FILE).exists():
+            raise BadInput("not a saved advprompt detector", path=str(directory / _CONFIG_FILE))
+        meta = json.loads((directory / _CONFIG_FILE).read_text())
+        if meta.get("format_version") != FORMAT_VERSION or meta.get("features") != list(FEATURE_NAMES):
+            raise BadInput(f"advprompt format {meta.get('format_version')!r} / features differ from this version",
+                           path=str(directory / _CONFIG_FILE))
+        cfg = dict(meta["config"])
+        if device is not None:
+            cfg["device"] = device
+        det = cls(AdvPromptConfig.from_dict(cfg), meta["seed"], np.array(meta["mean"]), np.array(meta["scale"]))
+        det.net.load_state_dict(torch.load(directory / _WEIGHTS_FILE, map_location="cpu", weights_only=True))
+        det.net.to(det.config.device)
+        det.n_train, det.history = int(meta["n_train"]), list(meta["history"])
+        return det
+
+
+def fit(arrays: Mapping[str, np.ndarray], config: AdvPromptConfig | None = None, seed: int = 0) -> AdvPromptDetector:
+    """Train on labelled rows (``arrays["member"]`` 0/1); the caller has split by task."""
+    config = config or AdvPromptConfig()
+    n = _check_arrays(arrays)
+    y = np.asarray(arrays.get("member", []))
+    if len(y) != n:
+        raise BadInput(f"member has {len(y)} rows, arrays have {n}", field="member")
+    bad = ~np.isin(y, (0, 1))
+    if bad.any():
+        raise BadInput(f"training rows need member 0/1, got {y[bad][0]}", row=int(np.flatnonzero(bad)[0]),
+                       field="member")
+    if len(np.unique(y)) < 2:
+        raise BadInput("training rows hold one class only", field="member")
+    keep = np.array([name not in config.drop_features for name in FEATURE_NAMES])
+    x = impute(feature_matrix(arrays)[0])[:, keep]
+    mean, scale = x.mean(0), x.std(0)
+    scale[scale == 0] = 1.0  # a constant column stays 0 after centring
+    if not config.standardize:
+        mean, scale = np.zeros_like(mean), np.ones_like(scale)
+    det = AdvPromptDetector(config, seed, mean, scale)
+    det.n_train = n
+    xt = torch.as_tensor(det.inputs(arrays), device=config.device)
+    yt = torch.as_tensor(y.astype(np.int64), device=config.device)
+    _, order_seed = _seeds(seed)
+    gen = torch.Generator().manual_seed(order_seed)
+    opt = torch.optim.Adam(det.net.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    loss_fn = nn.CrossEntropyLoss()
+    with torch.random.fork_rng(devices=[]):  # dropout masks drawn from the detector's seed
+        torch.manual_seed(order_seed)
+        det.net.train()
+        for epoch in range(config.epochs):
+            perm = torch.randperm(n, generator=gen).to(config.device)
+            total = 0.0
+            for s in range(0, n, config.batch_size):
+                idx = perm[s:s + config.batch_size]
+                loss = loss_fn(det.net(xt[idx]), yt[idx])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                total += float(loss.detach()) * len(idx)
+            det.history.append({"epoch": epoch, "loss": total / n})
+    det.net.eval()
+    return det
+
+
+def graybox_split(member: np.ndarray, known_fraction: float = 0.2, seed: int = 0,
+                  balanced_test: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """The paper's partial-knowledge setting (§V-A): the auditor knows ``known_fraction`` of
+    the target's members and as many non-members (training rows); the rest is scored (test
+    rows), balanced the same way unless ``balanced_test`` is False. Rows with member -1
+    (unknown) are in neither. Returns (train indices, test indices), sorted."""
+    member = np.asarray(member)
+    if not 0.0 < known_fraction < 1.0:
+        raise BadInput(f"known_fraction must be in (0, 1), got {known_fraction}")
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 8]))
+    pos = rng.permutation(np.flatnonzero(member == 1))
+    neg = rng.permutation(np.flatnonzero(member == 0))
+    k = int(round(known_fraction * len(pos)))
+    if k < 1 or len(neg) < k + 1 or len(pos) - k < 1:
+        raise BadInput(f"gray-box split needs members and non-members to spare: {len(pos)} members, "
+                       f"{len(neg)} non-members, {k} known", field="member")
+    train = np.concatenate([pos[:k], neg[:k]])
+    test_pos, test_neg = pos[k:], neg[k:]
+    if balanced_test:
+        m = min(len(test_pos), len(test_neg))
+        test_pos, test_neg = test_pos[:m], test_neg[:m]
+    return np.sort(train), np.sort(np.concatenate([test_pos, test_neg]))
+
+
+def take(arrays: Mapping[str, np.ndarray], idx: np.ndarray) -> dict[str, np.ndarray]:
+    """The rows ``idx`` of every array (keys of ARRAY_KEYS, member, task_id)."""
+    return {k: np.asarray(v)[idx] for k, v in arrays.items() if k in ARRAY_KEYS + ("member", "task_id")}
