@@ -1,0 +1,364 @@
+"""Sampling from a black-box target behind an OpenAI-compatible `/v1/completions` endpoint
+(a vLLM server, a commercial API).
+
+One request per prompt with `n=k` and a seed derived from the task id (servers that honour
+seeds, vLLM among them, then give a retried batch the same output), `logprobs=1` so the
+perplexity is over the tokens the cut keeps: with each token's `text_offset`, the tokens
+starting before the cut, as `tokens_covering` counts them for the HF sampler (stop strings
+and EOS excluded; at least one token). vLLM reports raw (unwarped) log-probs by default;
+what a commercial API reports is its own.
+
+Requests run on a bounded thread pool (`concurrency`). 429, 408, 5xx, connection errors,
+timeouts and malformed responses are retried with exponential backoff and jitter (a
+Retry-After header wins), up to `max_retries`; after that, or on any other 4xx, the row
+fails alone: empty completions and a note `endpoint_failed:<reason>` (`failed_reason`),
+never an exception for the batch. A target without logprobs still yields completions,
+with NaN perplexities, 0 tokens and the note `endpoint_no_logprobs`.
+
+Stop strings: only those the cut ends at or before (not Java's closing brace), at most 4
+(OpenAI's limit; they only save tokens). A server that names the matched one (vLLM's
+`stop_reason`) gets it put back before the cut, so the text and token count are the HF
+sampler's exactly; without it, comment lines just before a stop stay in the completion.
+
+`reference_loss` asks for the echoed program's log-probs (`echo`, `max_tokens=0`, or 1
+where a server refuses 0) and scores the tokens not wholly inside the generation prompt;
+NaN with a note in `loss_notes` where the target scores no given text.
+
+The API key is read from the environment variable named by `api_key_env` at each request
+and is never stored on the sampler, logged, or put in a note or an exception.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import math
+import os
+import random
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, fields
+from urllib.parse import urlsplit
+
+from leakray.data.tasks import continuation, generation_prompt, program_of
+from leakray.models.sampler import REF_LOSS_NO_CONTINUATION, Samples, task_seed
+from leakray.models.stops import cut_point, stop_strings
+
+log = logging.getLogger(__name__)
+
+FAILED = "endpoint_failed:"  # prefix of the note on a row the endpoint never answered usably
+NO_LOGPROBS = "endpoint_no_logprobs"
+REF_LOSS_UNSUPPORTED = "ref_loss_unsupported"  # the target scores no given text (echo + logprobs)
+_MAX_STOPS = 4  # OpenAI's limit; stops only save tokens, the cut is `cut_point`'s
+_MAX_WAIT_S = 300.0  # a Retry-After beyond this is capped (a sweep must move on)
+_RETRY_STATUS = {408, 409, 429}
+
+
+@dataclass(frozen=True)
+class EndpointSettings:
+    """The sampler-config fields this backend reads (defaults where the config lacks them)."""
+
+    endpoint_url: str = ""  # base URL up to /v1 (".../v1/completions" also accepted)
+    endpoint_model: str = ""  # the served model name; empty: the model given to the sampler
+    api_key_env: str = "OPENAI_API_KEY"  # the variable's *name*; unset or empty: no Authorization
+    concurrency: int = 8  # requests in flight
+    timeout_s: float = 120.0  # per request (connect, and each read)
+    max_retries: int = 5  # retries after the first try
+    backoff_s: float = 1.0  # first retry waits ~this, doubling each time (with jitter)
+
+    @classmethod
+    def of(cls, cfg) -> EndpointSettings:
+        s = cls(**{f.name: getattr(cfg, f.name, f.default) for f in fields(cls)})
+        parts = urlsplit(s.endpoint_url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"endpoint_url must be an http(s) URL, got {s.endpoint_url!r}")
+        if s.concurrency < 1 or s.max_retries < 0 or s.timeout_s <= 0 or s.backoff_s < 0:
+            raise ValueError("concurrency >= 1, max_retries >= 0, timeout_s > 0 and backoff_s >= 0 are required")
+        return s
+
+    @property
+    def completions_url(self) -> str:
+        url = self.endpoint_url.rstrip("/")
+        return url if url.endswith("/completions") else url + "/completions"
+
+
+def failed_reason(sample: Samples) -> str | None:
+    """Why the endpoint gave this row nothing, or None for a row that has its completions."""
+    return next((n[len(FAILED):] for n in getattr(sample, "notes", []) if n.startswith(FAILED)), None)
+
+
+class _Malformed(ValueError):
+    """A 200 response that is not the protocol (retryable: proxies and overloaded servers do this)."""
+
+
+class _RowFailed(Exception):
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _Refused(Exception):
+    """A 4xx that retrying will not change; `message` is the server's own words (no request data)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(f"http_{status}")
+        self.status, self.message = status, message
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:  # an HTTP date
+        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
+
+
+def _choices(body, n: int) -> list[dict]:
+    if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
+        raise _Malformed("no choices")
+    choices = sorted(body["choices"], key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0)
+    if len(choices) != n or not all(isinstance(c, dict) and isinstance(c.get("text"), str) for c in choices):
+        raise _Malformed(f"expected {n} choices with text")
+    return choices
+
+
+def _token_logprobs(choice: dict) -> tuple[list, list[int]] | None:
+    """(log-probs, start offsets relative to the first token), or None without logprobs."""
+    lp = choice.get("logprobs")
+    if lp is None or lp.get("token_logprobs") is None:
+        return None
+    values = lp["token_logprobs"]
+    offsets = lp.get("text_offset")
+    if offsets is None:  # offsets from the token strings (exact for byte-level BPE on ASCII)
+        offsets, at = [], 0
+        for token in lp.get("tokens") or []:
+            offsets.append(at)
+            at += len(token)
+    if not isinstance(values, list) or not isinstance(offsets, list) or len(offsets) != len(values):
+        raise _Malformed("logprobs and text_offset differ in length")
+    if not all(v is None or isinstance(v, (int, float)) for v in values) or \
+            not all(isinstance(o, int) for o in offsets):
+        raise _Malformed("non-numeric logprobs or offsets")
+    base = offsets[0] if offsets else 0
+    return values, [o - base for o in offsets]
+
+
+class EndpointSampler:
+    """The `Sampler` protocol over HTTP. `stats` counts requests, retries by reason, failed rows."""
+
+    def __init__(self, model: str, cfg):
+        self.cfg = cfg
+        self.settings = EndpointSettings.of(cfg)
+        self.model = self.settings.endpoint_model or model
+        self.stats: Counter = Counter()
+        self.loss_notes: list[list[str]] = []  # per row of the last reference_loss call
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._pool: ThreadPoolExecutor | None = None
+        self._echo_max_tokens = 0  # 1 once a server refuses max_tokens=0 with echo
+        self._logprobs = True  # False once the server refuses them
+
+    def __repr__(self) -> str:
+        return f"EndpointSampler(model={self.model!r}, url={self.settings.completions_url!r})"
+
+    # -- the protocol -----------------------------------------------------------------------
+
+    def sample(self, prompts: list[str], languages: list[str], keys: list[str]) -> list[Samples]:
+        return self._map(self._sample_one, list(zip(prompts, languages, keys)))
+
+    def reference_loss(self, prompts: list[str], references: list[str]) -> list[float]:
+        """Mean NLL of the solution's tokens (those not wholly inside the generation prompt),
+        from the target's log-probs of the echoed program; NaN with a note in `loss_notes`
+        (one list per row) where the target does not score given text or the request failed."""
+        out = self._map(self._loss_one, list(zip(prompts, references)))
+        self.loss_notes = [notes for _, notes in out]
+        return [loss for loss, _ in out]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    # -- one row ----------------------------------------------------------------------------
+
+    def _sample_one(self, prompt: str, lang: str, key: str) -> Samples:
+        base, k = generation_prompt(prompt), self.cfg.k
+        # only stops whose removal from the text loses nothing the cut keeps (not Java's
+        # closing "\n}", which the cut includes)
+        stops = [s for s in stop_strings(prompt, lang) if cut_point(prompt, s, lang) < len(s)][:_MAX_STOPS]
+        payload = {"model": self.model, "prompt": base, "n": k, "max_tokens": self.cfg.max_new_tokens,
+                   "temperature": self.cfg.temperature, "top_p": self.cfg.top_p,
+                   "seed": task_seed(self.cfg.seed, key)}
+        if stops:
+            payload["stop"] = stops
+
+        def parse(body):
+            return [(c, _token_logprobs(c)) for c in _choices(body, k)]
+
+        try:
+            asked = self._logprobs
+            try:
+                choices = self._post({**payload, "logprobs": 1} if asked else payload, parse, key)
+            except _Refused as exc:
+                if not asked or "logprob" not in exc.message.lower():
+                    raise
+                self._logprobs = False  # a target that refuses logprobs: completions without them
+                choices = self._post(payload, parse, key)
+        except _Refused as exc:
+            return self._failed(key, f"http_{exc.status}")
+        except _RowFailed as exc:
+            return self._failed(key, exc.reason)
+        notes = [NO_LOGPROBS] if any(lps is None for _, lps in choices) else []
+        texts, ppls, counts = [], [], []
+        for choice, lps in choices:
+            raw = choice["text"]
+            # a stop string the server cut off ends the unit there (vLLM names it in stop_reason):
+            # putting it back lets the cut also drop what goes with it (comments just before)
+            stop = choice.get("stop_reason")
+            tail = stop if isinstance(stop, str) and choice.get("finish_reason") == "stop" else ""
+            # (the cut may fall inside the stop string, after its newline: the text keeps none
+            # of it, the token count does, as the HF sampler's, whose raw text has the stop)
+            cut = cut_point(prompt, raw + tail, lang)
+            texts.append(raw[:cut].rstrip() + "\n")
+            if lps is None:
+                ppls.append(math.nan)
+                counts.append(0)
+                continue
+            values, offsets = lps
+            n = max(1, sum(1 for o in offsets if o < cut))  # an immediate EOS has a probability too
+            kept = [v for v in values[:n] if v is not None]
+            ppls.append(math.exp(-sum(kept) / len(kept)) if kept else math.nan)
+            counts.append(min(n, len(values)))
+        return self._samples(texts, ppls, counts, notes)
+
+    def _loss_one(self, prompt: str, reference: str) -> tuple[float, list[str]]:
+        cont = continuation(prompt, reference)
+        if not cont.strip():
+            return self._no_continuation()
+        text, start = program_of(prompt, cont), len(generation_prompt(prompt))
+        payload = {"model": self.model, "prompt": text, "echo": True, "logprobs": 1, "temperature": 0.0}
+
+        def parse(body):
+            return _token_logprobs(_choices(body, 1)[0])
+
+        try:
+            asked = self._echo_max_tokens
+            try:
+                lps = self._post({**payload, "max_tokens": asked}, parse, "reference")
+            except _Refused as exc:
+                if asked or "max_tokens" not in exc.message:
+                    raise
+                self._echo_max_tokens = 1  # a server that must generate: only the echo is scored
+                lps = self._post({**payload, "max_tokens": 1}, parse, "reference")
+        except _Refused as exc:
+            message = exc.message.lower()
+            if "logprob" in message or "echo" in message:
+                return math.nan, [REF_LOSS_UNSUPPORTED]
+            return math.nan, [f"ref_loss_{FAILED}http_{exc.status}"]  # e.g. longer than the context
+        except _RowFailed as exc:
+            return math.nan, [f"ref_loss_{FAILED}{exc.reason}"]
+        if lps is None:
+            return math.nan, [REF_LOSS_UNSUPPORTED]
+        values, offsets = lps
+        ends = offsets[1:] + [len(text)]
+        # scored: tokens not wholly inside the prompt (one straddling the boundary is scored,
+        # as sampling would have produced it: `reference_tokens`' rule for the HF sampler)
+        scored = [v for v, o, e in zip(values, offsets, ends) if e > start and o < len(text) and v is not None]
+        if not scored:
+            return self._no_continuation()
+        return -sum(scored) / len(scored), []
+
+    def _no_continuation(self) -> tuple[float, list[str]]:
+        with self._lock:
+            self.stats[REF_LOSS_NO_CONTINUATION] += 1
+        return math.nan, [REF_LOSS_NO_CONTINUATION]
+
+    def _failed(self, key: str, reason: str) -> Samples:
+        with self._lock:
+            self.stats["failed_rows"] += 1
+        log.warning("endpoint row %s failed: %s", key, reason)
+        return self._samples([], [], [], [FAILED + reason])
+
+    @staticmethod
+    def _samples(texts, ppls, counts, notes) -> Samples:
+        out = Samples(texts, ppls, counts)
+        out.notes = notes  # read as getattr(sample, "notes", []) by the collection
+        return out
+
+    # -- HTTP -------------------------------------------------------------------------------
+
+    def _map(self, fn, jobs: list[tuple]) -> list:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="endpoint")
+        return list(self._pool.map(lambda job: fn(*job), jobs))
+
+    def _session(self):
+        import requests
+        from requests.adapters import HTTPAdapter
+
+        session = getattr(self._local, "session", None)
+        if session is None:  # one per worker thread: requests.Session is not thread-safe
+            session = self._local.session = requests.Session()
+            session.mount("http://", HTTPAdapter(pool_connections=1, pool_maxsize=1, max_retries=0))
+            session.mount("https://", HTTPAdapter(pool_connections=1, pool_maxsize=1, max_retries=0))
+        return session
+
+    def _headers(self) -> dict:
+        key = os.environ.get(self.settings.api_key_env, "")
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def _post(self, payload: dict, parse, key: str):
+        """`parse(response JSON)` after retries; raises _RowFailed (retries spent) or _Refused."""
+        import requests
+
+        s = self.settings
+        for attempt in range(s.max_retries + 1):
+            wait = None
+            with self._lock:
+                self.stats["requests"] += 1
+            try:
+                resp = self._session().post(s.completions_url, json=payload, headers=self._headers(),
+                                            timeout=(s.timeout_s, s.timeout_s))
+            except requests.Timeout:
+                reason = "timeout"
+            except requests.RequestException:
+                reason = "connection"
+            else:
+                status = resp.status_code
+                if status == 200:
+                    try:
+                        return parse(resp.json())
+                    except (ValueError, KeyError, TypeError, AttributeError, IndexError):  # incl. _Malformed
+                        reason = "malformed_json"
+                elif status in _RETRY_STATUS or status >= 500:
+                    reason, wait = f"http_{status}", _retry_after(resp.headers.get("Retry-After"))
+                else:
+                    raise _Refused(status, _server_message(resp))
+            if attempt == s.max_retries:
+                raise _RowFailed(reason)
+            if wait is None:  # exponential backoff, half of it jittered
+                step = s.backoff_s * 2**attempt
+                wait = step / 2 + random.uniform(0, step / 2)
+            wait = min(wait, _MAX_WAIT_S)
+            with self._lock:
+                self.stats["retries"] += 1
+                self.stats[f"retry_{reason}"] += 1
+            log.info("endpoint request for %s: %s, retry %d/%d in %.2fs", key, reason, attempt + 1,
+                     s.max_retries, wait)
+            time.sleep(wait)
+        raise AssertionError("unreachable")
+
+
+def _server_message(resp) -> str:
+    try:
+        err = resp.json().get("error")
+        return str(err.get("message", "") if isinstance(err, dict) else err or "")[:200]
+    except (ValueError, AttributeError):
+        return resp.text[:200]
