@@ -118,9 +118,12 @@ def _finetune(**protocol) -> Any:
 
 
 SampleSection = _stage_section(SampleConfig, "SampleSection", types={
-    "backend": Literal["hf", "vllm"], "device": Literal["auto", "cpu", "cuda"], "k": Positive,
+    "backend": Literal["hf", "vllm", "openai"], "device": Literal["auto", "cpu", "cuda"], "k": Positive,
     "temperature": Annotated[float, Field(ge=0)], "top_p": Annotated[float, Field(gt=0, le=1)],
-    "max_new_tokens": Positive, "batch_size": Positive, "threads": Positive})
+    "max_new_tokens": Positive, "batch_size": Positive, "threads": Positive, "max_model_len": Positive | None,
+    "gpu_memory_utilization": Annotated[float, Field(gt=0, le=1)], "tensor_parallel_size": Positive,
+    "concurrency": Positive, "max_retries": Annotated[int, Field(ge=0)], "timeout_s": PositiveFloat,
+    "backoff_s": Annotated[float, Field(ge=0)]})
 
 
 class ExecuteConfig(Section):
@@ -217,6 +220,8 @@ class SimulateConfig(Section):
     def _extras(self):
         if self.sample.backend == "vllm":
             _need_modules(("vllm",), "vllm", "sample.backend=vllm")
+        if self.sample.backend == "openai" and not self.sample.endpoint_url:
+            raise ValueError("sample.backend=openai needs sample.endpoint_url (e.g. http://host:8000/v1)")
         return self
 
     def hashed(self) -> dict:

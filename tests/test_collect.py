@@ -52,3 +52,47 @@ def test_finalize_drops_retried_duplicates():
         if name not in table.column_names:
             table = table.append_column(schema.field(name), pa.nulls(table.num_rows, schema.field(name).type))
     assert finalize(table).num_rows == 2
+
+
+class _FlakySampler:
+    """Fails one task for good (as the endpoint sampler does after its retries), truncates another."""
+
+    def __init__(self, k):
+        from collections import Counter
+
+        from leakray.models.sampler import SampleConfig
+
+        self.cfg, self.stats = SampleConfig(k=k), Counter()
+
+    def sample(self, prompts, languages, keys):
+        from leakray.models.sampler import Samples
+
+        (key,) = keys
+        if key.endswith("/1"):
+            return [Samples([], [], [], notes=["endpoint_failed:http_500"])]
+        if key.endswith("/2"):
+            self.stats["prompt_truncated_left"] += 1
+        return [Samples(["    return 1\n"] * self.cfg.k, [2.0] * self.cfg.k, [3] * self.cfg.k)]
+
+    def reference_loss(self, prompts, references):
+        return [float("nan")] if prompts and "def" not in prompts[0] else [1.5]
+
+
+def test_a_row_that_fails_for_good_goes_to_the_errors_file(tmp_path):
+    import pyarrow.parquet as pq
+
+    from leakray.pipelines.collect import SampleStage, collection_stats, score_stage
+
+    tasks = _tasks(3)
+    stage = SampleStage.__new__(SampleStage)
+    stage.sampler = _FlakySampler(k=2)
+    table = score_stage(ExecuteStage(timeout_s=10, threads=2)(stage(input_table(tasks, {}, set()))))
+    notes = dict(zip(table.column(C.TASK_ID).to_pylist(), table.column(C.NOTES).to_pylist()))
+    assert notes["HumanEval/2"] == ["prompt_truncated_left"] and notes["HumanEval/0"] == []
+    assert table.column(C.EXEC_STATUS).to_pylist()[1] == ["not-run", "not-run"]
+    out = finalize(table, tmp_path / "errors.parquet")
+    assert out.column(C.TASK_ID).to_pylist() == ["HumanEval/0", "HumanEval/2"]
+    errors = pq.read_table(tmp_path / "errors.parquet").to_pylist()
+    assert errors == [{C.TASK_ID: "HumanEval/1", C.NOTES: ["endpoint_failed:http_500"]}]
+    stats = collection_stats(out, 1.0, tmp_path / "errors.parquet")
+    assert stats["errors"]["endpoint_failed:http_500"] == 1 and stats["errors"]["prompt_truncated_left"] == 1

@@ -6,27 +6,15 @@ import torch
 from leakray.models.finetune import FinetuneConfig, finetune, lora_targets
 from leakray.data.tasks import continuation, generation_prompt, program_of
 from leakray.models.sampler import SampleConfig, make_sampler
-from leakray.models.stops import truncate
 
 PROMPT = 'def add(a, b):\n    """Return a + b."""\n'
 
 
-def test_python_stops_end_the_function():
-    raw = "    return a + b\n\ndef other():\n    pass\n"
-    assert truncate(PROMPT, raw, "python") == "    return a + b\n"
-    assert truncate(PROMPT, "    x = 1\n#comment\n", "python") == "    x = 1\n"
-    assert truncate(PROMPT, "    return 1\nif __name__ == '__main__':\n    exit(0)\n", "python") == "    return 1\n"
-
-
-def test_java_stop_closes_the_class_ignoring_braces_in_strings():
-    prompt = "class Solution {\n    public int f() {\n"
-    raw = '        String s = "}}";\n        return 1;\n    }\n}\nclass Extra {}\n'
-    out = truncate(prompt, raw, "java")
-    assert out.endswith("    }\n}\n") and "Extra" not in out and '"}}"' in out
-
-
 def test_continuation_and_program_meet_at_the_generation_prompt():
-    assert continuation("ab", "abc") == "c" and continuation("x", "abc") == "abc"
+    assert continuation("ab", "abc") == "c"
+    # a reference that does not repeat its prompt (MBPP) follows it on a new line
+    assert continuation('"""doc"""\n', "def f(): pass") == "\ndef f(): pass"
+    assert program_of('"""doc"""\n', continuation('"""doc"""\n', "def f(): pass")) == '"""doc"""\ndef f(): pass'
     assert generation_prompt(PROMPT) == PROMPT.rstrip()
     ref = PROMPT + "    return a + b\n"
     assert continuation(PROMPT, ref) == "\n    return a + b\n"
@@ -60,6 +48,44 @@ def test_sampler_perplexity_is_of_the_unwarped_model(tiny_lm):
     assert [s.completions for s in again] == [s.completions for s in out]
 
 
+def test_samples_depend_on_the_task_not_its_batch_mates(tiny_lm):
+    """Seeded per task: a prompt sampled alone, or after other prompts in one call, gives the
+    same k completions (a per-batch seed or a shared random stream would not)."""
+    path, _ = tiny_lm
+    cfg = SampleConfig(k=3, temperature=1.5, top_p=1.0, max_new_tokens=16, batch_size=4, seed=3)
+    sampler = make_sampler(str(path), cfg)
+    alone = sampler.sample(["def mul(a, b):\n"], ["python"], ["t1"])[0]
+    mates = sampler.sample([PROMPT, "def sub(x):\n", "def mul(a, b):\n"], ["python"] * 3, ["t0", "t2", "t1"])[2]
+    assert mates.completions == alone.completions and mates.perplexity == pytest.approx(alone.perplexity)
+    other_key = sampler.sample(["def mul(a, b):\n"], ["python"], ["t9"])[0]
+    assert other_key.token_ids != alone.token_ids  # the key does seed it
+
+
+def test_long_prompt_loses_its_oldest_tokens_and_is_counted(tiny_lm):
+    path, _ = tiny_lm
+    sampler = make_sampler(str(path), SampleConfig(k=1, max_new_tokens=8, max_model_len=40))
+    long = "# " + "filler words here " * 40 + "\n" + PROMPT
+    full = sampler.tok(generation_prompt(long))["input_ids"]
+    assert len(full) > 32
+    assert sampler._prompt_ids(long) == full[-32:]  # the end (the signature) is kept
+    (out,) = sampler.sample([long], ["python"], ["t0"])
+    assert len(out.completions) == 1 and sampler.stats["prompt_truncated_left"] == 2  # the probe and the run
+    sampler.sample([PROMPT], ["python"], ["t1"])
+    assert sampler.stats["prompt_truncated_left"] == 2
+
+
+def test_reference_loss_is_nan_and_counted_when_nothing_fits(tiny_lm):
+    path, _ = tiny_lm
+    sampler = make_sampler(str(path), SampleConfig(max_new_tokens=8, max_model_len=40))
+    long_ref = PROMPT + "    return a + b  # " + "words " * 60 + "\n"
+    long_prompt = "# " + "filler words here " * 40 + "\n" + PROMPT
+    losses = sampler.reference_loss([PROMPT, PROMPT, long_prompt],
+                                    [PROMPT, long_ref, long_prompt + "    return a + b\n"])
+    assert math.isnan(losses[0]) and math.isnan(losses[1]) and math.isfinite(losses[2])
+    assert sampler.stats["ref_loss_no_continuation"] == 1 and sampler.stats["ref_loss_too_long"] == 1
+    assert sampler.stats["ref_loss_context_truncated_left"] == 1
+
+
 def test_reference_loss_drops_after_finetuning_on_it(tiny_lm, tmp_path):
     path, _ = tiny_lm
     ref = PROMPT + "    return a + b\n"
@@ -90,20 +116,22 @@ def test_bad_method_refused():
 
 
 class _FakeTok:
-    """Character-level stand-in: one token per character."""
+    """Character-level stand-in: one token per character; token 0 is end of sequence."""
+
+    all_special_ids = [0]
 
     def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(i) for i in ids)
+        return "".join(chr(i) for i in ids if i or not skip_special_tokens)
 
     def __call__(self, text):
         return {"input_ids": [ord(c) for c in text]}
 
 
 class _FakeLLM:
-    """Answers like vllm.LLM.generate: per-token {token_id: logprob} dicts."""
+    """Answers like vllm.LLM.generate on token prompts: per-token {token_id: logprob} dicts."""
 
     def __init__(self, completions):
-        self.completions, self.seen = completions, []
+        self.completions, self.seen, self.prompts = completions, [], []
 
     def get_tokenizer(self):
         return _FakeTok()
@@ -112,34 +140,69 @@ class _FakeLLM:
         from types import SimpleNamespace as NS
 
         self.seen.append(params)
+        self.prompts.append(prompts)
         out = []
         for p in prompts:
+            ids = p["prompt_token_ids"]
             if isinstance(params, dict) and params.get("prompt_logprobs") == 0:
-                ids = [ord(c) for c in p]
                 out.append(NS(prompt_token_ids=ids, prompt_logprobs=[None] + [{t: -1.0} for t in ids[1:]]))
                 continue
-            comps = [NS(text=t, token_ids=[ord(c) for c in t], logprobs=[{ord(c): -0.5} for c in t])
-                     for t in self.completions]
+            comps = [NS(token_ids=list(t), logprobs=[{t_: -0.5} for t_ in t]) for t in self.completions]
             out.append(NS(outputs=comps))
         return out
 
 
+def _ids(text, eos=False):
+    return [ord(c) for c in text] + ([0] if eos else [])
+
+
 def test_vllm_sampler_request_handling_without_a_gpu(monkeypatch):
+    from leakray.models.sampler import keep
     from leakray.models.vllm_sampler import VLLMSampler
 
     monkeypatch.setattr(VLLMSampler, "_params", lambda self, **kw: kw)
-    llm = _FakeLLM(["  return 1;\n }\n}\nclass X {}\n", "  return 2;\n"])
-    s = VLLMSampler("m", SampleConfig(k=2, seed=5), llm=llm)
+    java = _ids("\n  return 1;\n }\n}")  # vLLM stopped at the stop string "\n}" and kept it
+    llm = _FakeLLM([java, _ids("\n  return 2;\n }\n}\nclass X {}\n")])
+    s = VLLMSampler("m", SampleConfig(k=2, seed=5, max_model_len=256), llm=llm)
     prompt = "class A {\n public int f() {\n"
     (out,) = s.sample([prompt], ["java"], ["Java/0"])
-    assert out.completions[0] == "  return 1;\n }\n}\n" and "class X" not in out.completions[0]
-    assert out.n_tokens[0] == len("  return 1;\n }\n}") and out.perplexity[0] == pytest.approx(math.exp(0.5))
-    assert llm.seen[0][0]["n"] == 2 and llm.seen[0][0]["logprobs"] == 0
-    again = VLLMSampler("m", SampleConfig(k=2, seed=5), llm=_FakeLLM(["x"]))
+    assert out.completions == ["\n  return 1;\n }\n}\n", "\n  return 2;\n }\n}\n"]  # class X cut
+    assert out.n_tokens == [len(java)] * 2 and out.perplexity[0] == pytest.approx(math.exp(0.5))
+    sent = llm.seen[0][0]
+    assert sent["n"] == 2 and sent["logprobs"] == 0 and sent["stop"] == ["\n}"]  # Java stops too
+    assert sent["include_stop_str_in_output"] is True
+    assert llm.prompts[0][0]["prompt_token_ids"] == _ids(prompt.rstrip())
+    again = VLLMSampler("m", SampleConfig(k=2, seed=5, max_model_len=256), llm=_FakeLLM([_ids("x")]))
     again.sample([prompt], ["java"], ["Java/0"])
-    assert again.llm.seen[0][0]["seed"] == llm.seen[0][0]["seed"]  # per-task seed
+    assert again.llm.seen[0][0]["seed"] == sent["seed"]  # per-task seed
+
+    # the HF sampler's token accounting: stop text and EOS excluded, the same helper decides
+    py_prompt = 'def f():\n    """One."""\n'
+    raw = _ids("\n    return 1\n\ndef g():\n", eos=True)
+    s2 = VLLMSampler("m", SampleConfig(k=1, max_model_len=256), llm=_FakeLLM([raw]))
+    (py,) = s2.sample([py_prompt], ["python"], ["P/0"])
+    kept = keep(_FakeTok(), raw, {0}, py_prompt, "python")
+    assert py.completions == ["\n    return 1\n"] and py.n_tokens == [kept.n_tokens] == [len("\n    return 1\n")]
+    assert py.token_ids == [kept.scored_ids] and "def " in s2.llm.seen[0][0]["stop"][0]
+    eos_only = VLLMSampler("m", SampleConfig(k=1, max_model_len=256), llm=_FakeLLM([[0]]))
+    (e,) = eos_only.sample([py_prompt], ["python"], ["P/0"])
+    assert e.n_tokens == [0] and e.perplexity == [pytest.approx(math.exp(0.5))]  # the EOS is scored, as in HF
+
     (loss,) = s.reference_loss(["ab"], ["abcd"])
     assert loss == pytest.approx(1.0)
+    assert math.isnan(s.reference_loss(["ab"], ["ab"])[0]) and s.stats["ref_loss_no_continuation"] == 1
+
+
+def test_vllm_refuses_a_prompt_over_the_model_length(monkeypatch):
+    from leakray.errors import BadInput
+    from leakray.models.vllm_sampler import VLLMSampler
+
+    monkeypatch.setattr(VLLMSampler, "_params", lambda self, **kw: kw)
+    s = VLLMSampler("m", SampleConfig(k=1, max_new_tokens=10, max_model_len=30), llm=_FakeLLM([_ids("x")]))
+    s.sample(["y" * 20], ["python"], ["ok/1"])
+    with pytest.raises(BadInput, match="HumanEval/7"):
+        s.sample(["y" * 20, "z" * 21], ["python", "python"], ["ok/1", "HumanEval/7"])
+    assert math.isnan(s.reference_loss(["ab"], ["ab" + "c" * 40])[0]) and s.stats["ref_loss_too_long"] == 1
 
 
 def test_missing_vllm_names_the_extra(monkeypatch):

@@ -125,3 +125,42 @@ def test_java_references_pass(sb, fixture):
         pytest.skip("no JUnit 5 jars offline (set LEAKRAY_JUNIT_CLASSPATH)")
     for res in sb.run_many(_requests(tasks), workers=2):
         assert res[X.PASSED], res
+
+
+def _validate(capsys, *argv):
+    import argparse
+
+    from leakray.data import cli
+
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    args = parser.parse_args(["benchmarks", "validate", *argv, "--workers", "2", "--timeout", "20"])
+    rc = args.func(args)
+    return rc, capsys.readouterr().out
+
+
+def test_validate_exit_status_and_known_defects(tmp_path, capsys):
+    good = {"task_id": "HumanEval/0", "prompt": "def f():\n", "canonical_solution": "    return 1\n",
+            "test": "def check(c):\n    assert c() == 1\n", "entry_point": "f"}
+    wrong = dict(good, task_id="HumanEval/1", canonical_solution="    return 2\n")
+    # a reference with top-level code after the function: a verbatim completion would be cut there
+    cut = dict(good, task_id="HumanEval/2", canonical_solution="    return 1\nVALUE = f()\n",
+               test="def check(c):\n    assert c() == 1 and VALUE == 1\n")
+    path = tmp_path / "he.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in (good, wrong, cut)) + "\n")
+
+    rc, out = _validate(capsys, f"humaneval={path}")
+    assert rc == 1 and "2/3 references pass" in out
+    assert "FAIL HumanEval/1: reference failed" in out
+    assert "FAIL HumanEval/2: stop rule: truncate keeps" in out
+    assert "FAIL HumanEval/2: program_of(prompt, continuation) failed where the reference passes" in out
+    assert "HumanEval/0" not in out
+
+    known = tmp_path / "known.txt"
+    known.write_text("# upstream defects\nHumanEval/2\n")
+    rc, out = _validate(capsys, f"humaneval={path}", "--allow-known", "HumanEval/1", "--allow-known", str(known))
+    assert rc == 0 and "KNOWN HumanEval/1" in out and "KNOWN HumanEval/2" in out
+
+    path.write_text(json.dumps(good) + "\n")
+    assert _validate(capsys, f"humaneval={path}", "--allow-known", "HumanEval/9")[0] == 0
+    assert _validate(capsys, str(tmp_path / "missing.jsonl"))[0] == 2

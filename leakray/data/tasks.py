@@ -62,9 +62,14 @@ def generation_prompt(prompt: str) -> str:
 
 
 def continuation(prompt: str, reference: str) -> str:
-    """The part of a complete reference solution that continues the generation prompt."""
+    """The part of a complete reference solution that continues the generation prompt.
+
+    A reference that does not repeat its prompt (MBPP's `code` after a docstring prompt)
+    follows it on a new line, as `prompt + reference` would."""
     base = generation_prompt(prompt)
-    return reference[len(base):] if reference.startswith(base) else reference
+    if reference.startswith(base):
+        return reference[len(base):]
+    return reference if reference.startswith("\n") else "\n" + reference
 
 
 def program_of(prompt: str, completion: str) -> str:

@@ -1,25 +1,51 @@
 """The sampler interface: k completions per prompt with the perplexity of each under
 the *unwarped* model distribution. Backends: `hf` (transformers, CPU/GPU), `vllm`
-(GPU clusters, extra [vllm]); an OpenAI-compatible backend slots in the same way."""
+(GPU clusters, extra [vllm]); an OpenAI-compatible backend slots in the same way.
+
+Both backends share what decides a result: the per-task seed (`task_seed`), where a
+completion ends and which generated tokens it keeps (`keep`: stop strings and EOS excluded),
+and which tokens of a reference are scored (`reference_tokens`). Each sampler counts what it
+had to do to its inputs in `stats` (a Counter; see STATS)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Protocol
+
+# `Sampler.stats` keys, so a run can report them
+PROMPT_TRUNCATED_LEFT = "prompt_truncated_left"  # HF: prompt longer than the context, oldest tokens dropped
+REF_LOSS_CONTEXT_TRUNCATED_LEFT = "ref_loss_context_truncated_left"  # same, for a reference's prompt
+REF_LOSS_NO_CONTINUATION = "ref_loss_no_continuation"  # nothing of the reference follows the prompt: NaN
+REF_LOSS_TOO_LONG = "ref_loss_too_long"  # the reference's own tokens exceed the context: NaN
+STATS = (PROMPT_TRUNCATED_LEFT, REF_LOSS_CONTEXT_TRUNCATED_LEFT, REF_LOSS_NO_CONTINUATION, REF_LOSS_TOO_LONG)
 
 
 @dataclass
 class SampleConfig:
-    backend: str = "hf"  # "hf" | "vllm"
+    backend: str = "hf"  # "hf" | "vllm" | "openai"
     k: int = 5
     temperature: float = 0.8
     top_p: float = 0.95
     max_new_tokens: int = 160
-    batch_size: int = 8  # prompts per generate call (x k sequences)
+    batch_size: int = 8  # vLLM ignores it; HF generates task by task (see hf_sampler) and ignores it too
     seed: int = 0
     threads: int = 1
     device: str = "auto"  # "auto" | "cpu" | "cuda"
     dtype: str = "auto"
+    max_model_len: int | None = None  # context length in tokens; None: the model's own
+    gpu_memory_utilization: float = 0.9  # vLLM: share of each GPU for weights and KV cache
+    tensor_parallel_size: int = 1  # vLLM: GPUs one model is split over
+    # backend "openai": a black-box target behind an OpenAI-compatible /v1/completions
+    endpoint_url: str = ""  # base URL up to /v1, e.g. http://host:8000/v1
+    endpoint_model: str = ""  # the served model name; empty: the model given to make_sampler
+    api_key_env: str = "OPENAI_API_KEY"  # NAME of the env variable holding the key, never the key
+    concurrency: int = 8  # requests in flight
+    timeout_s: float = 120.0  # per request (connect, and each read)
+    max_retries: int = 5  # retries after the first try (429/408/409/5xx, timeouts, connection, malformed)
+    backoff_s: float = 1.0  # first retry waits ~this, doubling, half jittered; Retry-After wins
 
 
 @dataclass
@@ -29,15 +55,25 @@ class Samples:
     completions: list[str]
     perplexity: list[float]
     n_tokens: list[int]
-    token_ids: list[list[int]] | None = None  # the kept tokens, for audits and tests
+    token_ids: list[list[int]] | None = None  # the scored tokens (`Kept.scored_ids`), for audits and tests
+    notes: list[str] = field(default_factory=list)  # why this row is degraded or failed (counted per stage)
 
 
 class Sampler(Protocol):
+    stats: Counter
+
     def sample(self, prompts: list[str], languages: list[str], keys: list[str]) -> list[Samples]:
-        """`keys` (task ids) seed each prompt's sampling, so a retried batch gives the same output."""
+        """`keys` (task ids) seed each prompt's sampling, so a task's samples are the same
+        whatever else shares its batch, and a retried batch gives the same output."""
 
     def reference_loss(self, prompts: list[str], references: list[str]) -> list[float]:
-        """Mean token NLL of each reference's continuation of its prompt."""
+        """Mean token NLL of each reference's continuation of its prompt; NaN (counted in
+        `stats`) where there is no continuation or it does not fit the context."""
+
+
+def task_seed(seed: int, key: str) -> int:
+    """The seed of one task's sampling: the run's seed and the task id, nothing else."""
+    return (seed + zlib.crc32(key.encode())) % (2**31)
 
 
 def tokens_covering(tok, ids: list[int], n_chars: int) -> int:
@@ -49,6 +85,59 @@ def tokens_covering(tok, ids: list[int], n_chars: int) -> int:
     return len(ids)
 
 
+@dataclass
+class Kept:
+    text: str  # the completion, cut where its unit ends
+    n_tokens: int  # generated tokens that make it (stop strings and EOS excluded)
+    scored_ids: list[int]  # leading generated tokens whose log-probs make the perplexity
+
+
+def keep(tok, ids: list[int], special: set[int], prompt: str, language: str) -> Kept:
+    """What of one raw generation is the completion, in text and in tokens."""
+    from leakray.models.stops import cut_point
+
+    ids = list(ids)
+    end = next((j for j, t in enumerate(ids) if t in special), len(ids))  # EOS / padding
+    raw = tok.decode(ids[:end], skip_special_tokens=True)
+    cut = cut_point(prompt, raw, language)
+    n = tokens_covering(tok, ids[:end], cut) if end else 0
+    # an immediate end of sequence has a probability too: then that one token is scored
+    return Kept(raw[:cut].rstrip() + "\n", n, ids[:max(1, n)])
+
+
+def perplexity(logprobs: list[float]) -> float:
+    return math.exp(-sum(logprobs) / len(logprobs)) if logprobs else math.nan
+
+
+def reference_tokens(tok, prompt: str, reference: str, max_len: int, stats: Counter) -> tuple[list[int], int] | None:
+    """(token ids, leading ones that are context) to score a reference's continuation, or
+    None (counted in `stats`) when there is nothing to score or it cannot fit `max_len`.
+
+    Context tokens are those the program shares with the generation prompt tokenised alone,
+    so a token that straddles the boundary is scored, as it would be when sampled. Context
+    beyond `max_len` is dropped from the left, as sampling drops it."""
+    from leakray.data.tasks import continuation, generation_prompt, program_of
+
+    cont = continuation(prompt, reference)
+    if not cont.strip():
+        stats[REF_LOSS_NO_CONTINUATION] += 1
+        return None
+    p_ids = tok(generation_prompt(prompt))["input_ids"]
+    ids = tok(program_of(prompt, cont))["input_ids"]
+    n_ctx = next((j for j, (a, b) in enumerate(zip(p_ids, ids)) if a != b), min(len(p_ids), len(ids)))
+    if n_ctx >= len(ids):
+        stats[REF_LOSS_NO_CONTINUATION] += 1
+        return None
+    if len(ids) - n_ctx >= max_len:  # at least one context token must precede the first scored one
+        stats[REF_LOSS_TOO_LONG] += 1
+        return None
+    if len(ids) > max_len:
+        drop = len(ids) - max_len
+        ids, n_ctx = ids[drop:], n_ctx - drop
+        stats[REF_LOSS_CONTEXT_TRUNCATED_LEFT] += 1
+    return ids, n_ctx
+
+
 def make_sampler(model_path: str, cfg: SampleConfig) -> Sampler:
     if cfg.backend == "hf":
         from leakray.models.hf_sampler import HFSampler
@@ -58,4 +147,8 @@ def make_sampler(model_path: str, cfg: SampleConfig) -> Sampler:
         from leakray.models.vllm_sampler import VLLMSampler
 
         return VLLMSampler(model_path, cfg)
-    raise ValueError(f"unknown sampler backend {cfg.backend!r} (expected 'hf' or 'vllm')")
+    if cfg.backend == "openai":
+        from leakray.models.endpoint_sampler import EndpointSampler
+
+        return EndpointSampler(model_path, cfg)
+    raise ValueError(f"unknown sampler backend {cfg.backend!r} (expected 'hf', 'vllm' or 'openai')")

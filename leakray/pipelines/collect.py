@@ -69,18 +69,31 @@ class SampleStage:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         prompts, refs = _col(batch, C.PROMPT), _col(batch, C.REFERENCE)
-        samples = self.sampler.sample(prompts, _col(batch, C.LANGUAGE), _col(batch, C.TASK_ID))
-        losses = self.sampler.reference_loss(prompts, refs)
-        notes = [list(getattr(s, "notes", None) or []) for s in samples]
-        for row, loss in zip(notes, losses):
-            if math.isnan(loss) and not any(n.startswith("ref_loss") for n in row):
-                row.append("ref_loss_unscorable")
-        return _with(batch, {
-            C.COMPLETIONS: [s.completions for s in samples],
-            C.PERPLEXITY: [s.perplexity for s in samples],
-            C.N_TOKENS: [s.n_tokens for s in samples],
-            C.REF_LOSS: losses, C.NOTES: notes,
-        })
+        langs, keys = _col(batch, C.LANGUAGE), _col(batch, C.TASK_ID)
+        out: dict[str, list] = {C.COMPLETIONS: [], C.PERPLEXITY: [], C.N_TOKENS: [], C.REF_LOSS: [], C.NOTES: []}
+        k = self.sampler.cfg.k
+        for i in range(len(prompts)):
+            # one task at a time: the sampler's counters (truncations, NaN losses) become this row's notes
+            before = Counter(getattr(self.sampler, "stats", {}))
+            (s,) = self.sampler.sample(prompts[i:i + 1], langs[i:i + 1], keys[i:i + 1])
+            (loss,) = self.sampler.reference_loss(prompts[i:i + 1], refs[i:i + 1])
+            notes = list(s.notes) + sorted((Counter(getattr(self.sampler, "stats", {})) - before).elements())
+            notes += [n for row in (getattr(self.sampler, "loss_notes", None) or []) for n in row]
+            if math.isnan(loss) and not any(n.startswith("ref_loss") for n in notes):
+                notes.append("ref_loss_unscorable")
+            if row_failed(notes) or len(s.completions) != k:  # placeholders; the row leaves at finalize
+                s.completions, s.perplexity, s.n_tokens = [""] * k, [float("nan")] * k, [0] * k
+                notes += [] if row_failed(notes) else ["failed:sampler_returned_wrong_k"]
+            for name, value in ((C.COMPLETIONS, s.completions), (C.PERPLEXITY, s.perplexity),
+                                (C.N_TOKENS, s.n_tokens), (C.REF_LOSS, loss), (C.NOTES, notes)):
+                out[name].append(value)
+        return _with(batch, out)
+
+
+def row_failed(notes) -> bool:
+    """A row whose sampling failed for good (e.g. `endpoint_failed:http_500`): it is carried
+    through the stages untouched and written to the errors file, never into the collection."""
+    return any("failed:" in n for n in notes or [])
 
 
 class ExecuteStage:
@@ -94,10 +107,12 @@ class ExecuteStage:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         rows = batch.select([C.TASK_ID, C.LANGUAGE, C.PROMPT, C.COMPLETIONS, T.TESTS, T.RUNNER]).to_pylist()
+        for row, notes in zip(rows, _col(batch, C.NOTES) if C.NOTES in batch.column_names else [[]] * len(rows)):
+            row[C.NOTES] = notes
         requests, spans = [], []
         for row in rows:
             start = len(requests)
-            if row[T.TESTS].strip():
+            if row[T.TESTS].strip() and not row_failed(row[C.NOTES]):
                 for j, completion in enumerate(row[C.COMPLETIONS]):
                     requests.append({
                         X.ID: f"{row[C.TASK_ID]}#{j}", X.LANGUAGE: row[C.LANGUAGE], X.RUNNER: row[T.RUNNER],
@@ -107,8 +122,8 @@ class ExecuteStage:
         results = self.sandbox.run_many(requests, workers=self.threads) if requests else []
         status, passed = [], []
         for (a, b), row in zip(spans, rows):
-            if a == b:  # no tests: the pass feature is absent, not "failed"
-                status.append(["no-tests"] * len(row[C.COMPLETIONS]))
+            if a == b:  # no tests: the pass feature is absent, not "failed" (or the row failed earlier)
+                status.append(["not-run" if row_failed(row[C.NOTES]) else "no-tests"] * len(row[C.COMPLETIONS]))
                 passed.append([False] * len(row[C.COMPLETIONS]))
             else:
                 status.append([r[X.STATUS] for r in results[a:b]])
@@ -135,15 +150,21 @@ def score_stage(batch: pa.Table) -> pa.Table:
     from leakray.features.expert import score_batch
 
     completions, refs = solutions(batch)
-    notes = [Counter() for _ in refs]
-    scored = score_batch({
-        C.REFERENCE: refs, C.LANGUAGE: _col(batch, C.LANGUAGE), C.COMPLETIONS: completions,
-        C.PERPLEXITY: _col(batch, C.PERPLEXITY), C.PASSED: _col(batch, C.PASSED),
-        C.HAS_TESTS: _col(batch, C.HAS_TESTS),
-    }, row_stats=notes)
     previous = _col(batch, C.NOTES) if C.NOTES in batch.column_names else [[] for _ in refs]
-    return _with(batch, {**{name: [list(map(float, v)) for v in scored[name]]
-                            for name in (C.CODEBLEU, C.EDIT_DISTANCE, C.EXPERT)},
+    ok = [i for i, prev in enumerate(previous) if not row_failed(prev)]  # failed rows are not scored
+    notes = [Counter() for _ in refs]
+    columns = {name: [[] for _ in refs] for name in (C.CODEBLEU, C.EDIT_DISTANCE, C.EXPERT)}
+    if ok:
+        pick = lambda values: [values[i] for i in ok]  # noqa: E731
+        scored = score_batch({
+            C.REFERENCE: pick(refs), C.LANGUAGE: pick(_col(batch, C.LANGUAGE)), C.COMPLETIONS: pick(completions),
+            C.PERPLEXITY: pick(_col(batch, C.PERPLEXITY)), C.PASSED: pick(_col(batch, C.PASSED)),
+            C.HAS_TESTS: pick(_col(batch, C.HAS_TESTS)),
+        }, row_stats=pick(notes))
+        for name in columns:
+            for i, v in zip(ok, scored[name]):
+                columns[name][i] = list(map(float, v))
+    return _with(batch, {**columns,
                          C.NOTES: [list(prev or []) + sorted(n.elements()) for prev, n in zip(previous, notes)]})
 
 
@@ -197,13 +218,19 @@ def collect_local(table: pa.Table, model_path: str, cfg: CollectConfig) -> pa.Ta
     return finalize(pa.concat_tables(parts))
 
 
-def finalize(table: pa.Table) -> pa.Table:
-    """One row per task (retries deduplicated), sorted, cast to the collection schema."""
-    seen, keep = set(), []
+def finalize(table: pa.Table, errors_path: Path | None = None) -> pa.Table:
+    """One row per task (retries deduplicated), sorted, cast to the collection schema. Rows
+    whose sampling failed for good go to `errors_path` (task id and reasons), not the collection."""
+    seen, keep, failed = set(), [], []
+    notes = table.column(C.NOTES).to_pylist() if C.NOTES in table.column_names else [[]] * table.num_rows
     for i, task_id in enumerate(table.column(C.TASK_ID).to_pylist()):
         if task_id not in seen:
             seen.add(task_id)
-            keep.append(i)
+            (failed if row_failed(notes[i]) else keep).append(i)
+    if errors_path is not None:
+        errs = table.take(failed).select([C.TASK_ID, C.NOTES]) if failed else \
+            pa.table({C.TASK_ID: pa.array([], pa.string()), C.NOTES: pa.array([], pa.list_(pa.string()))})
+        pq.write_table(errs, errors_path)
     table = table.take(keep).sort_by(C.TASK_ID)
     schema = collection_schema()
     # optional columns a backend did not fill are all-null, never invented
@@ -244,17 +271,21 @@ def collect_on_ray(table: pa.Table, model_path: str, cfg: CollectConfig, out_dir
         **pool(cfg.embed_resources))
     parts = out_dir / "parts"
     ds.write_parquet(str(parts))
-    return finalize(pq.read_table(str(parts)))
+    return finalize(pq.read_table(str(parts)), out_dir / "errors.parquet")
 
 
-def collection_stats(table: pa.Table, seconds: float) -> dict:
+def collection_stats(table: pa.Table, seconds: float, errors_path: Path | None = None) -> dict:
     """Per-stage numbers the report shows: rows, execution outcomes by kind, the reasons rows
-    were degraded (row notes: truncations, NaN losses, CodeBLEU failures), parse failures."""
+    were degraded (row notes: truncations, NaN losses, CodeBLEU failures), parse failures,
+    and the rows that failed for good (in the errors file, by reason)."""
     from leakray.features.expert import PARSE_NOTES
 
     statuses = Counter(s for row in table.column(C.EXEC_STATUS).to_pylist() for s in row)
     n_tokens = [n for row in table.column(C.N_TOKENS).to_pylist() for n in row]
     notes = Counter(n for row in table.column(C.NOTES).to_pylist() for n in row or [])
+    if errors_path is not None and Path(errors_path).exists():
+        failed = pq.read_table(errors_path).column(C.NOTES).to_pylist()
+        notes.update(n for row in failed for n in row or [] if "failed:" in n)
     return {
         "rows": table.num_rows, "rows_out": table.num_rows, "completions": sum(statuses.values()),
         "unfilled_columns": unfilled_columns(table),

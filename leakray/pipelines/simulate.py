@@ -121,7 +121,7 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
             table = col.input_table(groups[member] + groups[other], folds, members)
             t0 = time.perf_counter()
             coll = col.collect_on_ray(table, str(runner.dir(role) / "model"), collect_config(cfg), out)
-            stats = col.collection_stats(coll, time.perf_counter() - t0)
+            stats = col.collection_stats(coll, time.perf_counter() - t0, out / "errors.parquet")
             col.write_collection(coll, out / "collection.parquet", stats)
             return {"rows_in": table.num_rows, **stats, "isolation": isolation}
         return run
