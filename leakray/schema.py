@@ -70,6 +70,14 @@ class C:
     REFMODEL_TOKEN_LOGPROBS = "refmodel_token_logprobs"  # list<float>: same tokens under the reference model
     UPPER_COMPLETIONS = "upper_completions"  # list<string>[k]: completions of the upper-cased prompt (BUZZER-b)
     UPPER_PERPLEXITY = "upper_perplexity"  # list<float>[k]
+    # AdvPrompt-MIA: slot 0 is the unperturbed prompt, slots 1..11 the perturbation variants
+    # (leakray.perturb SLOTS order); a variant that was not applicable or not proven to keep the
+    # task's meaning has kind "" and prompt/completion "", perplexity NaN, embedding zeros.
+    ADV_PROMPTS = "adv_prompts"  # list<string>[12]: the prompts sampled (input of the collection)
+    ADV_KIND = "adv_kind"  # list<string>[12]: "base", "IDC1", ..., "IDL3", or "" when missing
+    ADV_COMPLETIONS = "adv_completions"  # list<string>[12]: one greedy completion per prompt
+    ADV_PERPLEXITY = "adv_perplexity"  # list<float>[12]
+    ADV_EMBEDDING = "adv_embedding"  # list<float>[12*d], row-major
 
     # The expert vector's blocks, in order; each block has k entries.
     EXPERT_BLOCKS = (PERPLEXITY, CODEBLEU, EDIT_DISTANCE, PASSED)
@@ -106,6 +114,11 @@ def collection_schema() -> pa.Schema:
             (C.REFMODEL_TOKEN_LOGPROBS, pa.list_(f32)),
             (C.UPPER_COMPLETIONS, pa.list_(pa.string())),
             (C.UPPER_PERPLEXITY, pa.list_(f32)),
+            (C.ADV_PROMPTS, pa.list_(pa.string())),
+            (C.ADV_KIND, pa.list_(pa.string())),
+            (C.ADV_COMPLETIONS, pa.list_(pa.string())),
+            (C.ADV_PERPLEXITY, pa.list_(f32)),
+            (C.ADV_EMBEDDING, pa.list_(f32)),
         ]
     )
 
@@ -147,6 +160,24 @@ class P:
     SAMPLE_SHINGLES = "sample_shingles"  # distinct shingles of the sample text
     CORPUS_SHINGLES = "corpus_shingles"  # distinct shingles of the corpus file
     SHARED_SHINGLES = "shared_shingles"  # |sample ∩ file|
+
+
+class V:
+    """One row per (task, variant slot) of `leakray perturb`'s output, beyond the task's own columns."""
+
+    SLOT = "slot"  # "IDC1" .. "IDL3"
+    KIND = "kind"  # IDC | IRV | VR | IDP | IDL
+    VARIANT = "variant"  # 0-based index within the kind
+    FORM = "form"  # which form of the kind ("" when not applicable)
+    APPLICABLE = "applicable"  # False: the kind cannot apply to this prompt; see REASON
+    REASON = "reason"  # why not applicable ("" otherwise)
+    RENAME = "rename"  # {old: new} for VR, {} otherwise; already applied to prompt and reference
+    DETAIL = "detail"  # where and what was inserted, or the rename
+    SEED = "seed"
+    CHECK = "check"  # with --check: kept | failed | not-applicable | baseline-failed | no-tests
+    CHECK_DETAIL = "check_detail"  # the sandbox status and last stderr line of a failed check
+
+    ALL = (SLOT, KIND, VARIANT, FORM, APPLICABLE, REASON, RENAME, DETAIL, SEED, CHECK, CHECK_DETAIL)
 
 
 class S:

@@ -131,13 +131,13 @@ def test_evaluate_detectors_on_ray_train(tmp_path):
         ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         on_ray = evaluate_detectors(shadow, target, cfg, seeds=[5, 6], use_ray_train=True,
-                                    storage_path=tmp_path / "ray", baselines=(), bootstrap=100)
+                                    storage_path=tmp_path / "ray", detectors=[CGMIA], bootstrap=100)
         with pytest.raises(BadInput):
             train_cgmia_seeds_on_ray(shadow, cfg, seeds=[5], num_workers=2)
     finally:
         if started:
             ray.shutdown()
-    local = evaluate_detectors(shadow, target, cfg, seeds=[5, 6], baselines=(), bootstrap=100)
+    local = evaluate_detectors(shadow, target, cfg, seeds=[5, 6], detectors=[CGMIA], bootstrap=100)
     assert len(list((tmp_path / "ray").iterdir())) == 1  # the one run directory
     np.testing.assert_allclose(on_ray["scores"].column(S.SCORE).to_numpy(),
                                local["scores"].column(S.SCORE).to_numpy(), atol=1e-6)

@@ -376,7 +376,7 @@ def test_kept_variant_rate_per_kind_over_humaneval(humaneval, he_variants):
 # ---- CLI -----------------------------------------------------------------------------------------
 def test_cli_writes_one_row_per_slot_and_checks(humaneval, tmp_path, capsys):
     from leakray.cli import main
-    from leakray.perturb.columns import V
+    from leakray.schema import V
 
     src = tmp_path / "tasks.jsonl"
     src.write_text("".join(json.dumps(t) + "\n" for t in humaneval[:3]))

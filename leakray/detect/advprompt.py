@@ -309,3 +309,44 @@ def graybox_split(member: np.ndarray, known_fraction: float = 0.2, seed: int = 0
 def take(arrays: Mapping[str, np.ndarray], idx: np.ndarray) -> dict[str, np.ndarray]:
     """The rows ``idx`` of every array (keys of ARRAY_KEYS, member, task_id)."""
     return {k: np.asarray(v)[idx] for k, v in arrays.items() if k in ARRAY_KEYS + ("member", "task_id")}
+
+
+def arrays_from_table(table) -> dict[str, np.ndarray]:
+    """A collection's AdvPrompt columns as the detector's arrays (slot 0 = unperturbed)."""
+    from leakray.detect.arrays import list_column
+    from leakray.schema import C
+
+    for name in (C.ADV_EMBEDDING, C.ADV_PERPLEXITY, C.ADV_KIND, C.REF_EMBEDDING):
+        if name not in table.column_names or table.column(name).null_count:
+            raise BadInput("the collection has no AdvPrompt columns (columns.advprompt was off, or rows lack them)",
+                           field=name)
+    ref = list_column(table, C.REF_EMBEDDING)
+    n, d = ref.shape
+    emb = np.asarray(table.column(C.ADV_EMBEDDING).to_pylist(), dtype=np.float32).reshape(n, N_VARIANTS + 1, d)
+    ppl = np.asarray(table.column(C.ADV_PERPLEXITY).to_pylist(), dtype=np.float64)
+    kinds = np.asarray(table.column(C.ADV_KIND).to_pylist(), dtype=object)
+    if not (kinds[:, 0] == "base").all():
+        raise BadInput("slot 0 of every row must be the unperturbed prompt", field=C.ADV_KIND)
+    mask = kinds[:, 1:] != ""
+    return {"ref": ref, "base": emb[:, 0], "adv": emb[:, 1:], "base_ppl": ppl[:, 0],
+            "adv_ppl": np.where(mask, ppl[:, 1:], np.nan), "adv_mask": mask,
+            "member": np.asarray(table.column(C.MEMBER).to_pylist(), dtype=np.int8),
+            "task_id": np.asarray(table.column(C.TASK_ID).to_pylist(), dtype=object)}
+
+
+def cross_fit_proba(arrays: Mapping[str, np.ndarray], config: AdvPromptConfig | None = None, seed: int = 0,
+                    n_folds: int = 4) -> np.ndarray:
+    """Out-of-fold member probabilities (stratified folds of tasks, seeded): where a decision
+    threshold is chosen without scoring rows the detector was trained on."""
+    from sklearn.model_selection import StratifiedKFold
+
+    y = np.asarray(arrays["member"])
+    n_folds = min(n_folds, int((y == 0).sum()), int((y == 1).sum()))
+    if n_folds < 2:
+        raise BadInput("cross-fitting needs at least 2 rows of each class", field="member")
+    split = StratifiedKFold(n_splits=n_folds, shuffle=True,
+                            random_state=int(np.random.SeedSequence([int(seed), 3]).generate_state(1)[0]))
+    proba = np.full(len(y), np.nan)
+    for fit_idx, held_idx in split.split(np.zeros(len(y)), y):
+        proba[held_idx] = fit(take(arrays, fit_idx), config, seed).predict_proba(take(arrays, held_idx))
+    return proba

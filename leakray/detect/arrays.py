@@ -45,3 +45,31 @@ def list_column(table: pa.Table, name: str, width: int | None = None, dtype=np.f
     if np.issubdtype(out.dtype, np.floating) and not np.all(np.isfinite(out)):
         raise BadInput("non-finite list entry", row=int(np.flatnonzero(~np.isfinite(out).all(1))[0]), field=name)
     return out
+
+
+def ragged_column(table: pa.Table, name: str, dtype=np.float64, min_len: int = 1) -> list[np.ndarray]:
+    """A variable-length list column (per-token values) as one array per row; refuses
+    nulls, rows shorter than ``min_len`` and (for floats) non-finite entries."""
+    col = _column(table, name).combine_chunks()
+    if isinstance(col, pa.ChunkedArray):
+        col = pa.concat_arrays(col.chunks) if col.num_chunks else pa.array([], col.type)
+    values = col.flatten()
+    offsets = col.offsets.to_numpy() - col.offsets[0].as_py() if len(col) else np.zeros(1, np.int64)
+    if values.null_count:
+        pos = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
+        raise BadInput("null list entry", row=int(np.searchsorted(offsets, pos, side="right") - 1), field=name)
+    flat = values.to_numpy(zero_copy_only=False).astype(dtype)
+    rows = [flat[offsets[i]:offsets[i + 1]] for i in range(len(col))]
+    for i, r in enumerate(rows):
+        if len(r) < min_len:
+            raise BadInput(f"list has {len(r)} entries, at least {min_len} needed", row=i, field=name)
+        if np.issubdtype(r.dtype, np.floating) and not np.all(np.isfinite(r)):
+            raise BadInput("non-finite list entry", row=i, field=name)
+    return rows
+
+
+def same_lengths(a: list[np.ndarray], b: list[np.ndarray], name_a: str, name_b: str) -> None:
+    """Per-token columns over the same tokens must have equal lengths row by row."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if len(x) != len(y):
+            raise BadInput(f"{len(x)} tokens in {name_a!r} but {len(y)} in {name_b!r}", row=i, field=name_b)

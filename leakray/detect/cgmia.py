@@ -62,10 +62,17 @@ class CGMIAConfig:
     # Train-constant expert columns (e.g. the pass block of a benchmark without tests)
     # carry nothing and would reach the model unscaled on a target where they vary.
     drop_constant_expert: bool = True
+    # Which expert blocks reach the model, in C.EXPERT_BLOCKS order (perplexity, CodeBLEU,
+    # edit distance, pass): the RQ2 ablation turns blocks off with the semantic inputs kept.
+    expert_blocks: tuple[bool, ...] = (True, True, True, True)
     device: str = "cpu"
 
     def __post_init__(self):
         self.hidden = tuple(int(h) for h in self.hidden)
+        self.expert_blocks = tuple(bool(b) for b in self.expert_blocks)
+        if len(self.expert_blocks) != len(C.EXPERT_BLOCKS):
+            raise BadInput(f"CGMIAConfig: expert_blocks needs {len(C.EXPERT_BLOCKS)} flags "
+                           f"({', '.join(C.EXPERT_BLOCKS)}), got {len(self.expert_blocks)}")
         if not (self.use_ref or self.use_gen or self.use_expert):
             raise BadInput("CGMIAConfig: at least one of use_ref/use_gen/use_expert must be on")
         if self.conv_kernel % 2 != 1:
@@ -77,6 +84,7 @@ class CGMIAConfig:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["hidden"] = list(self.hidden)
+        d["expert_blocks"] = list(self.expert_blocks)
         return d
 
     @classmethod
@@ -303,6 +311,7 @@ def fit(train_arrays: Mapping[str, np.ndarray], config: CGMIAConfig | None = Non
 
     expert = np.asarray(train_arrays["expert"], dtype=np.float64)
     keep = (np.ptp(expert, axis=0) > 0) if config.drop_constant_expert else np.ones(e, bool)
+    keep &= np.repeat(np.asarray(config.expert_blocks, bool), e // len(config.expert_blocks))
     if keep.any():
         scaler = StandardScaler().fit(expert[:, keep])  # training rows only
         mean, scale = scaler.mean_, scaler.scale_
@@ -388,3 +397,65 @@ def fit_thresholded(train_arrays: Mapping[str, np.ndarray], config: CGMIAConfig 
     det.threshold = choose_threshold(
         y, oof, rule, chosen_on=f"shadow, out-of-fold ({n_folds}-fold cross-fit by task)").to_dict()
     return det
+
+
+# -- registry entry ----------------------------------------------------------------------
+from leakray.detect.base import Detector, DetectorSpec, labels  # noqa: E402  (base imports nothing from here)
+
+
+class CGMIA(Detector):
+    """Registry wrapper around ``CGMIADetector``: the threshold is cross-fitted on the
+    shadow exactly as ``fit_thresholded`` does (same folds, same seed)."""
+
+    spec = DetectorSpec("cgmia", "the CGMIA paper (Table 1)", (C.EXPERT, C.GEN_EMBEDDING, C.REF_EMBEDDING),
+                        "logprobs", "learned", True,
+                        "frozen CNN over completion embeddings + reference embedding + projected expert "
+                        "features -> FFN")
+    defaults = {"config": {}, "folds": CROSS_FIT_FOLDS}
+
+    def __init__(self, **params: Any):
+        super().__init__(**params)
+        self.config = CGMIAConfig.from_dict(self.params["config"])
+        self.params["config"] = self.config.to_dict()
+        self.model: CGMIADetector | None = None
+        self._oof: tuple[np.ndarray, np.ndarray, str] | None = None
+
+    @classmethod
+    def wrap(cls, model: CGMIADetector) -> "CGMIA":
+        """A trained (and thresholded) ``CGMIADetector`` as a registry detector."""
+        det = cls(config=model.config.to_dict())
+        det.model, det.seed, det.threshold_ = model, model.seed, model.threshold
+        return det
+
+    def fit(self, shadow: pa.Table, seed: int = 0) -> "CGMIA":
+        self.seed = int(seed)
+        self.model = fit(arrays_from_table(shadow), self.config, self.seed, progress=False)
+        self._oof, self.threshold_ = None, None
+        return self
+
+    def heldout(self, shadow: pa.Table) -> tuple[np.ndarray, np.ndarray, str]:
+        if self._oof is None:
+            arrays = arrays_from_table(shadow)
+            y = labels(shadow)
+            folds = min(int(self.params["folds"]), int((y == 0).sum()), int((y == 1).sum()))
+            oof = cross_fit_proba(arrays, self.config, self.seed, folds)
+            self._oof = (y, oof, f"shadow, out-of-fold ({folds}-fold cross-fit by task)")
+        return self._oof
+
+    def threshold(self, shadow: pa.Table, rule: str = DEFAULT_RULE) -> dict[str, Any]:
+        if self.threshold_ is not None and self.threshold_["rule"] == rule and self._oof is None:
+            return self.threshold_  # cross-fitted with the model (``wrap`` of fit_thresholded's output)
+        th = super().threshold(shadow, rule)
+        self.model.threshold = th
+        return th
+
+    def score(self, table: pa.Table) -> np.ndarray:
+        if self.model is None:
+            raise BadInput("cgmia: fit (or load) the detector before scoring")
+        return self.model.predict_proba(arrays_from_table(table))
+
+    def _save_state(self, directory: Path) -> None:
+        self.model.save(directory / "model")
+
+    def _load_state(self, directory: Path) -> None:
+        self.model = CGMIADetector.load(directory / "model")

@@ -20,9 +20,14 @@ Stop strings: only those the cut ends at or before (not Java's closing brace), a
 `stop_reason`) gets it put back before the cut, so the text and token count are the HF
 sampler's exactly; without it, comment lines just before a stop stay in the completion.
 
-`reference_loss` asks for the echoed program's log-probs (`echo`, `max_tokens=0`, or 1
+`reference_scores` asks for the echoed program's log-probs (`echo`, `max_tokens=0`, or 1
 where a server refuses 0) and scores the tokens not wholly inside the generation prompt;
-NaN with a note in `loss_notes` where the target scores no given text.
+NaN with a note in `loss_notes` where the target scores no given text. An echo gives only
+the scored tokens' own log-probs: Min-K%++'s mu/sigma and the rank are None with notes
+(`reference_loss` is the scores' loss).
+
+`sample(..., k=, greedy=)`: `k` overrides the config's n; greedy is temperature 0, one
+completion unless `k` says otherwise.
 
 The API key is read from the environment variable named by `api_key_env` at each request
 and is never stored on the sampler, logged, or put in a note or an exception.
@@ -43,7 +48,8 @@ from dataclasses import dataclass, fields
 from urllib.parse import urlsplit
 
 from leakray.data.tasks import continuation, generation_prompt, program_of
-from leakray.models.sampler import REF_LOSS_NO_CONTINUATION, Samples, task_seed
+from leakray.models.sampler import (REF_LOSS_NO_CONTINUATION, RefScores, Samples, n_completions,
+                                    scores_from_logprobs, task_seed)
 from leakray.models.stops import cut_point, stop_strings
 
 log = logging.getLogger(__name__)
@@ -170,16 +176,27 @@ class EndpointSampler:
 
     # -- the protocol -----------------------------------------------------------------------
 
-    def sample(self, prompts: list[str], languages: list[str], keys: list[str]) -> list[Samples]:
-        return self._map(self._sample_one, list(zip(prompts, languages, keys)))
+    def sample(self, prompts: list[str], languages: list[str], keys: list[str], *,
+               k: int | None = None, greedy: bool = False) -> list[Samples]:
+        n = n_completions(self.cfg, k, greedy)
+        temperature = 0.0 if greedy else self.cfg.temperature
+        top_p = 1.0 if greedy else self.cfg.top_p
+        return self._map(lambda p, lang, key: self._sample_one(p, lang, key, n, temperature, top_p),
+                         list(zip(prompts, languages, keys)))
 
     def reference_loss(self, prompts: list[str], references: list[str]) -> list[float]:
         """Mean NLL of the solution's tokens (those not wholly inside the generation prompt),
         from the target's log-probs of the echoed program; NaN with a note in `loss_notes`
         (one list per row) where the target does not score given text or the request failed."""
+        return [s.loss for s in self.reference_scores(prompts, references)]
+
+    def reference_scores(self, prompts: list[str], references: list[str]) -> list[RefScores]:
+        """`reference_loss`'s scored tokens' log-probs; mu/sigma/rank None (an echo has no
+        distribution), said in each row's notes. `loss_notes` keeps only why a loss is NaN."""
         out = self._map(self._loss_one, list(zip(prompts, references)))
         self.loss_notes = [notes for _, notes in out]
-        return [loss for loss, _ in out]
+        return [RefScores.unscorable(notes) if lps is None else scores_from_logprobs(lps)
+                for lps, notes in out]
 
     def close(self) -> None:
         if self._pool is not None:
@@ -188,13 +205,13 @@ class EndpointSampler:
 
     # -- one row ----------------------------------------------------------------------------
 
-    def _sample_one(self, prompt: str, lang: str, key: str) -> Samples:
-        base, k = generation_prompt(prompt), self.cfg.k
+    def _sample_one(self, prompt: str, lang: str, key: str, k: int, temperature: float, top_p: float) -> Samples:
+        base = generation_prompt(prompt)
         # only stops whose removal from the text loses nothing the cut keeps (not Java's
         # closing "\n}", which the cut includes)
         stops = [s for s in stop_strings(prompt, lang) if cut_point(prompt, s, lang) < len(s)][:_MAX_STOPS]
         payload = {"model": self.model, "prompt": base, "n": k, "max_tokens": self.cfg.max_new_tokens,
-                   "temperature": self.cfg.temperature, "top_p": self.cfg.top_p,
+                   "temperature": temperature, "top_p": top_p,
                    "seed": task_seed(self.cfg.seed, key)}
         if stops:
             payload["stop"] = stops
@@ -238,7 +255,8 @@ class EndpointSampler:
             counts.append(min(n, len(values)))
         return self._samples(texts, ppls, counts, notes)
 
-    def _loss_one(self, prompt: str, reference: str) -> tuple[float, list[str]]:
+    def _loss_one(self, prompt: str, reference: str) -> tuple[list[float] | None, list[str]]:
+        """(the scored tokens' log-probs, []) or (None, why not)."""
         cont = continuation(prompt, reference)
         if not cont.strip():
             return self._no_continuation()
@@ -260,12 +278,12 @@ class EndpointSampler:
         except _Refused as exc:
             message = exc.message.lower()
             if "logprob" in message or "echo" in message:
-                return math.nan, [REF_LOSS_UNSUPPORTED]
-            return math.nan, [f"ref_loss_{FAILED}http_{exc.status}"]  # e.g. longer than the context
+                return None, [REF_LOSS_UNSUPPORTED]
+            return None, [f"ref_loss_{FAILED}http_{exc.status}"]  # e.g. longer than the context
         except _RowFailed as exc:
-            return math.nan, [f"ref_loss_{FAILED}{exc.reason}"]
+            return None, [f"ref_loss_{FAILED}{exc.reason}"]
         if lps is None:
-            return math.nan, [REF_LOSS_UNSUPPORTED]
+            return None, [REF_LOSS_UNSUPPORTED]
         values, offsets = lps
         ends = offsets[1:] + [len(text)]
         # scored: tokens not wholly inside the prompt (one straddling the boundary is scored,
@@ -273,12 +291,12 @@ class EndpointSampler:
         scored = [v for v, o, e in zip(values, offsets, ends) if e > start and o < len(text) and v is not None]
         if not scored:
             return self._no_continuation()
-        return -sum(scored) / len(scored), []
+        return [float(v) for v in scored], []
 
-    def _no_continuation(self) -> tuple[float, list[str]]:
+    def _no_continuation(self) -> tuple[None, list[str]]:
         with self._lock:
             self.stats[REF_LOSS_NO_CONTINUATION] += 1
-        return math.nan, [REF_LOSS_NO_CONTINUATION]
+        return None, [REF_LOSS_NO_CONTINUATION]
 
     def _failed(self, key: str, reason: str) -> Samples:
         with self._lock:

@@ -21,6 +21,10 @@ REF_LOSS_CONTEXT_TRUNCATED_LEFT = "ref_loss_context_truncated_left"  # same, for
 REF_LOSS_NO_CONTINUATION = "ref_loss_no_continuation"  # nothing of the reference follows the prompt: NaN
 REF_LOSS_TOO_LONG = "ref_loss_too_long"  # the reference's own tokens exceed the context: NaN
 STATS = (PROMPT_TRUNCATED_LEFT, REF_LOSS_CONTEXT_TRUNCATED_LEFT, REF_LOSS_NO_CONTINUATION, REF_LOSS_TOO_LONG)
+# `RefScores.notes`: a per-token field the backend cannot fill (the row is fine otherwise)
+REF_MU_SIGMA_UNAVAILABLE = "ref_mu_sigma_unavailable"  # needs the full distribution (vLLM, endpoints)
+REF_RANK_UNAVAILABLE = "ref_rank_unavailable"
+REF_LOGPROBS_UNAVAILABLE = "ref_logprobs_unavailable"
 
 
 @dataclass
@@ -59,16 +63,73 @@ class Samples:
     notes: list[str] = field(default_factory=list)  # why this row is degraded or failed (counted per stage)
 
 
+@dataclass
+class RefScores:
+    """What the model says about one reference continuation, token by token, over the tokens
+    `reference_tokens` scores. A field a backend cannot fill is None with a note saying why."""
+
+    loss: float  # mean token NLL of the scored reference tokens; NaN when unscorable
+    logprobs: list[float] | None  # per scored token: log p(token | prompt, ref_<t), raw (unwarped) model
+    mu: list[float] | None  # per token: E_v[log p_v] = sum_v p_v log p_v (Min-K%++)
+    sigma: list[float] | None  # per token: sqrt(E_v[(log p_v)^2] - mu^2) under p (Min-K%++)
+    rank: list[int] | None  # per token: tokens with log-prob >= the reference token's, less itself (0 = argmax)
+    notes: list[str] = field(default_factory=list)  # why something is missing ("ref_loss_too_long", ...)
+
+    @classmethod
+    def unscorable(cls, notes: list[str]) -> RefScores:
+        return cls(math.nan, None, None, None, None, list(notes))
+
+
+def scores_from_logprobs(logprobs: list[float], mu=None, sigma=None, rank=None, notes=()) -> RefScores:
+    """A RefScores whose loss is exactly -mean(logprobs), and a note per missing field."""
+    if not logprobs:
+        return RefScores.unscorable([REF_LOSS_NO_CONTINUATION, *notes])
+    notes = list(notes)
+    if mu is None or sigma is None:
+        mu = sigma = None
+        notes.append(REF_MU_SIGMA_UNAVAILABLE)
+    if rank is None:
+        notes.append(REF_RANK_UNAVAILABLE)
+    return RefScores(-math.fsum(logprobs) / len(logprobs), list(logprobs), mu, sigma, rank, notes)
+
+
 class Sampler(Protocol):
     stats: Counter
 
-    def sample(self, prompts: list[str], languages: list[str], keys: list[str]) -> list[Samples]:
+    def sample(self, prompts: list[str], languages: list[str], keys: list[str], *,
+               k: int | None = None, greedy: bool = False) -> list[Samples]:
         """`keys` (task ids) seed each prompt's sampling, so a task's samples are the same
-        whatever else shares its batch, and a retried batch gives the same output."""
+        whatever else shares its batch, and a retried batch gives the same output. Prompts
+        that share a key (a task's perturbed variants) are one unit of work: a backend may
+        batch them together. `k` overrides the config's k; `greedy` decodes greedily
+        (temperature 0), one completion per prompt unless `k` says otherwise."""
+
+    def reference_scores(self, prompts: list[str], references: list[str]) -> list[RefScores]:
+        """Per-token log-probs (and, where the backend can, Min-K%++'s mu/sigma and the rank)
+        of each reference's continuation of its prompt; unscorable rows (counted in `stats`)
+        get NaN loss, None fields and the reason in `notes`."""
 
     def reference_loss(self, prompts: list[str], references: list[str]) -> list[float]:
         """Mean token NLL of each reference's continuation of its prompt; NaN (counted in
         `stats`) where there is no continuation or it does not fit the context."""
+
+
+def n_completions(cfg, k: int | None, greedy: bool) -> int:
+    """How many completions one prompt gets: `k` if given, else 1 greedy or the config's k."""
+    if k is not None and k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    return k if k is not None else (1 if greedy else cfg.k)
+
+
+def scorable_reference(tok, prompt: str, reference: str, max_len: int,
+                       stats: Counter) -> tuple[list[int], int] | str:
+    """`reference_tokens`, or the reason (a `stats` key) it gave nothing to score."""
+    local: Counter = Counter()
+    got = reference_tokens(tok, prompt, reference, max_len, local)
+    stats.update(local)
+    if got is None:
+        return next(iter(local))
+    return got
 
 
 def task_seed(seed: int, key: str) -> int:

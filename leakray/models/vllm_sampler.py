@@ -8,6 +8,13 @@ reference tokens are the HF sampler's (`leakray.models.sampler`, `leakray.models
 vLLM only generates. Prompts go in as token ids, tokenised as the HF sampler does, and one
 longer than the model's length (less the generation budget) is refused with its task id.
 
+Prompts that share a key (one task's perturbed variants) go out in the same `generate` call
+as everything else, and prefix caching (`enable_prefix_caching=True`) lets them reuse the
+KV cache of their common prefix. `reference_scores` reads the scored tokens' log-probs and
+ranks from `prompt_logprobs` (vLLM's `Logprob.rank` is 1-based; leakray's is 0-based);
+Min-K%++'s mean/std over the vocabulary need the full distribution, which vLLM does not
+return: None with the note `ref_mu_sigma_unavailable`.
+
 Unverified on a GPU in this repository's CI (no GPU there); the request/response handling
 is tested on CPU through a stand-in for `vllm.LLM`.
 """
@@ -18,7 +25,9 @@ from collections import Counter
 
 from leakray.data.tasks import generation_prompt
 from leakray.errors import BadInput, MissingExtra
-from leakray.models.sampler import SampleConfig, Samples, keep, perplexity, reference_tokens, task_seed
+from leakray.models.sampler import (REF_LOGPROBS_UNAVAILABLE, RefScores, SampleConfig, Samples, keep,
+                                    n_completions, perplexity, scorable_reference, scores_from_logprobs,
+                                    task_seed)
 from leakray.models.stops import stop_strings
 from leakray.schema import T
 
@@ -26,6 +35,12 @@ from leakray.schema import T
 def _logprob(entry, token_id: int) -> float:
     value = entry[token_id]
     return float(getattr(value, "logprob", value))
+
+
+def _rank(entry, token_id: int) -> int | None:
+    """0-based rank of the token (vLLM's `Logprob.rank` counts from 1), None where not reported."""
+    rank = getattr(entry[token_id], "rank", None)
+    return None if rank is None else int(rank) - 1
 
 
 def _engine_max_len(llm) -> int:
@@ -48,7 +63,8 @@ class VLLMSampler:
                 raise MissingExtra("vllm", "vllm") from exc
             llm = LLM(model=model_path, seed=cfg.seed, dtype=cfg.dtype, logprobs_mode="raw_logprobs",
                       max_model_len=cfg.max_model_len, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                      tensor_parallel_size=cfg.tensor_parallel_size)
+                      tensor_parallel_size=cfg.tensor_parallel_size,
+                      enable_prefix_caching=True)  # a task's perturbed variants share their prefix
         self.llm = llm
         self.tok = llm.get_tokenizer()
         self.special = set(self.tok.all_special_ids)
@@ -59,15 +75,18 @@ class VLLMSampler:
 
         return SamplingParams(**kwargs)
 
-    def sample(self, prompts: list[str], languages: list[str], keys: list[str]) -> list[Samples]:
+    def sample(self, prompts: list[str], languages: list[str], keys: list[str], *,
+               k: int | None = None, greedy: bool = False) -> list[Samples]:
         cfg = self.cfg
+        n = n_completions(cfg, k, greedy)
+        decode = dict(temperature=0.0, top_p=1.0) if greedy else dict(temperature=cfg.temperature, top_p=cfg.top_p)
         prompt_ids = [self.tok(generation_prompt(p))["input_ids"] for p in prompts]
         for key, ids in zip(keys, prompt_ids):
             if len(ids) + cfg.max_new_tokens > self.max_len:
                 raise BadInput(f"task {key!r}: the prompt has {len(ids)} tokens, which with max_new_tokens="
                                f"{cfg.max_new_tokens} exceeds the model's length of {self.max_len}", field=T.PROMPT)
         params = [self._params(
-            n=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens,
+            n=n, max_tokens=cfg.max_new_tokens, **decode,
             logprobs=0,  # 0: only the sampled token's log-prob
             stop=stop_strings(prompt, lang),
             include_stop_str_in_output=True,  # the exact cut is `keep`'s, as in the HF sampler
@@ -89,19 +108,31 @@ class VLLMSampler:
         return results
 
     def reference_loss(self, prompts: list[str], references: list[str]) -> list[float]:
-        """Mean NLL of the continuation tokens from vLLM's prompt log-probs (one pass, no sampling)."""
-        losses = [float("nan")] * len(prompts)
+        return [s.loss for s in self.reference_scores(prompts, references)]
+
+    def reference_scores(self, prompts: list[str], references: list[str]) -> list[RefScores]:
+        """The continuation tokens' log-probs and ranks from vLLM's prompt log-probs (one pass,
+        no sampling); mu/sigma are not available from vLLM."""
+        out: list[RefScores | None] = [None] * len(prompts)
         todo = []
         for i, (prompt, ref) in enumerate(zip(prompts, references)):
             # one position stays free: vLLM generates at least one token per request
-            got = reference_tokens(self.tok, prompt, ref, self.max_len - 1, self.stats)
-            if got is not None:
+            got = scorable_reference(self.tok, prompt, ref, self.max_len - 1, self.stats)
+            if isinstance(got, str):
+                out[i] = RefScores.unscorable([got])
+            else:
                 todo.append((i, *got))
         if not todo:
-            return losses
+            return out
         outputs = self.llm.generate([{"prompt_token_ids": ids} for _, ids, _ in todo],
                                     self._params(max_tokens=1, prompt_logprobs=0, temperature=0.0), use_tqdm=False)
-        for (i, ids, n_ctx), out in zip(todo, outputs):
-            lps = [_logprob(out.prompt_logprobs[j], ids[j]) for j in range(max(1, n_ctx), len(ids))]
-            losses[i] = -sum(lps) / len(lps) if lps else float("nan")
-        return losses
+        for (i, ids, n_ctx), res in zip(todo, outputs):
+            entries = res.prompt_logprobs
+            if entries is None:
+                out[i] = RefScores.unscorable([REF_LOGPROBS_UNAVAILABLE])
+                continue
+            span = range(max(1, n_ctx), len(ids))
+            ranks = [_rank(entries[j], ids[j]) for j in span]
+            out[i] = scores_from_logprobs([_logprob(entries[j], ids[j]) for j in span],
+                                          rank=None if None in ranks else ranks)
+        return out

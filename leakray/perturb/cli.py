@@ -62,7 +62,7 @@ def read_tasks(spec: str) -> list[dict]:
 def variant_row(task: dict, v, seed: int) -> dict:
     """The output row of one slot: the task with the variant's prompt and reference."""
     from leakray.data.tasks import continuation
-    from leakray.perturb.columns import V
+    from leakray.schema import V
     from leakray.schema import T
 
     row = dict(task)
@@ -80,7 +80,7 @@ def variant_row(task: dict, v, seed: int) -> dict:
 def run(args) -> int:
     from leakray.errors import BadInput
     from leakray.perturb import KINDS, variants_of
-    from leakray.perturb.columns import V
+    from leakray.schema import V
 
     kinds = tuple(k.strip().upper() for k in args.kinds.split(",") if k.strip())
     unknown = [k for k in kinds if k not in KINDS]

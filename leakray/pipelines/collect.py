@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -44,6 +45,7 @@ class CollectConfig:
     execute_resources: StageResources = field(default_factory=lambda: StageResources(1, 0.0))
     embed_resources: StageResources = field(default_factory=lambda: StageResources(1, 0.0))
     batch_size: int = 8  # tasks per batch through every stage
+    extra: "ExtraColumns" = field(default_factory=lambda: ExtraColumns())
 
 
 def _col(batch: pa.Table, name: str) -> list:
@@ -59,35 +61,76 @@ def _with(batch: pa.Table, columns: dict[str, list]) -> pa.Table:
     return batch
 
 
-class SampleStage:
-    """k completions per prompt with perplexities, plus the reference's loss under the model."""
+@dataclass
+class ExtraColumns:
+    """Optional collection columns and what they cost: each is one more pass of the model."""
 
-    def __init__(self, model_path: str, sample: dict):
+    reference_model: str | None = None  # path: score the reference under it too (calibrated attacks)
+    upper_case: bool = False  # k completions of the upper-cased prompt (BUZZER-b)
+    advprompt: bool = False  # one greedy completion per AdvPrompt variant (input column adv_prompts)
+
+
+class SampleStage:
+    """k completions per prompt with perplexities, the reference's per-token scores under the
+    model (and a reference model), and the optional extra passes of `ExtraColumns`."""
+
+    def __init__(self, model_path: str, sample: dict, extra: dict | None = None):
         from leakray.models.sampler import make_sampler
 
         self.sampler = make_sampler(model_path, SampleConfig(**sample))
+        self.extra = ExtraColumns(**(extra or {}))
+        self.ref_sampler = None
+        if self.extra.reference_model:
+            self.ref_sampler = make_sampler(self.extra.reference_model, SampleConfig(**{**sample, "backend": "hf"}))
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         prompts, refs = _col(batch, C.PROMPT), _col(batch, C.REFERENCE)
         langs, keys = _col(batch, C.LANGUAGE), _col(batch, C.TASK_ID)
-        out: dict[str, list] = {C.COMPLETIONS: [], C.PERPLEXITY: [], C.N_TOKENS: [], C.REF_LOSS: [], C.NOTES: []}
-        k = self.sampler.cfg.k
-        for i in range(len(prompts)):
-            # one task at a time: the sampler's counters (truncations, NaN losses) become this row's notes
-            before = Counter(getattr(self.sampler, "stats", {}))
-            (s,) = self.sampler.sample(prompts[i:i + 1], langs[i:i + 1], keys[i:i + 1])
-            (loss,) = self.sampler.reference_loss(prompts[i:i + 1], refs[i:i + 1])
-            notes = list(s.notes) + sorted((Counter(getattr(self.sampler, "stats", {})) - before).elements())
-            notes += [n for row in (getattr(self.sampler, "loss_notes", None) or []) for n in row]
-            if math.isnan(loss) and not any(n.startswith("ref_loss") for n in notes):
-                notes.append("ref_loss_unscorable")
-            if row_failed(notes) or len(s.completions) != k:  # placeholders; the row leaves at finalize
-                s.completions, s.perplexity, s.n_tokens = [""] * k, [float("nan")] * k, [0] * k
-                notes += [] if row_failed(notes) else ["failed:sampler_returned_wrong_k"]
-            for name, value in ((C.COMPLETIONS, s.completions), (C.PERPLEXITY, s.perplexity),
-                                (C.N_TOKENS, s.n_tokens), (C.REF_LOSS, loss), (C.NOTES, notes)):
-                out[name].append(value)
-        return _with(batch, out)
+        adv = _col(batch, C.ADV_PROMPTS) if self.extra.advprompt and C.ADV_PROMPTS in batch.column_names else None
+        rows = [self._row(prompts[i], refs[i], langs[i], keys[i], adv[i] if adv else None)
+                for i in range(len(prompts))]
+        names = dict.fromkeys(name for row in rows for name in row)  # a failed row lacks the extras: null
+        return _with(batch, {name: [row.get(name) for row in rows] for name in names})
+
+    def _row(self, prompt: str, ref: str, lang: str, key: str, adv_prompts: list[str] | None) -> dict:
+        # one task at a time: the sampler's counters (truncations, NaN losses) become this row's notes
+        k, sampler = self.sampler.cfg.k, self.sampler
+        before = Counter(sampler.stats)
+        (s,) = sampler.sample([prompt], [lang], [key])
+        (scores,) = sampler.reference_scores([prompt], [ref])
+        notes = list(s.notes) + list(scores.notes) + sorted((Counter(sampler.stats) - before).elements())
+        if math.isnan(scores.loss) and not any(n.startswith("ref_loss") for n in notes):
+            notes.append("ref_loss_unscorable")
+        if row_failed(notes) or len(s.completions) != k:  # placeholders; the row leaves at finalize
+            s.completions, s.perplexity, s.n_tokens = [""] * k, [float("nan")] * k, [0] * k
+            notes += [] if row_failed(notes) else ["failed:sampler_returned_wrong_k"]
+        row = {C.COMPLETIONS: s.completions, C.PERPLEXITY: s.perplexity, C.N_TOKENS: s.n_tokens,
+               C.REF_LOSS: scores.loss, C.REF_TOKEN_LOGPROBS: scores.logprobs, C.REF_TOKEN_MU: scores.mu,
+               C.REF_TOKEN_SIGMA: scores.sigma, C.REF_TOKEN_RANK: scores.rank}
+        if self.ref_sampler is not None:
+            (base,) = self.ref_sampler.reference_scores([prompt], [ref])
+            row[C.REFMODEL_TOKEN_LOGPROBS] = base.logprobs
+            notes += [f"refmodel_{n}" for n in base.notes]
+        if self.extra.upper_case and not row_failed(notes):
+            from leakray.perturb.case import uppercase_prompt
+
+            (u,) = sampler.sample([uppercase_prompt(prompt, lang)], [lang], [key + "#upper"])
+            row[C.UPPER_COMPLETIONS], row[C.UPPER_PERPLEXITY] = u.completions, u.perplexity
+        if adv_prompts is not None and not row_failed(notes):
+            row[C.ADV_COMPLETIONS], row[C.ADV_PERPLEXITY] = self._adv(adv_prompts, lang, key)
+        row[C.NOTES] = notes
+        return row
+
+    def _adv(self, adv_prompts: list[str], lang: str, key: str) -> tuple[list[str], list[float]]:
+        """One greedy completion per present variant, all of a task's variants in one call (the
+        backend batches them and reuses the shared prefix); missing slots stay "" / NaN."""
+        present = [j for j, p in enumerate(adv_prompts) if p]
+        got = self.sampler.sample([adv_prompts[j] for j in present], [lang] * len(present), [key] * len(present),
+                                  k=1, greedy=True)
+        comps, ppls = [""] * len(adv_prompts), [float("nan")] * len(adv_prompts)
+        for j, s in zip(present, got):
+            comps[j], ppls[j] = s.completions[0], s.perplexity[0]
+        return comps, ppls
 
 
 def row_failed(notes) -> bool:
@@ -181,11 +224,34 @@ class EmbedStage:
     def __call__(self, batch: pa.Table) -> pa.Table:
         completions, refs = solutions(batch)
         k = len(completions[0])
-        vectors = self.embedder.embed([c for row in completions for c in row] + refs)
         n = len(refs)
+        adv = adv_texts(batch) if C.ADV_COMPLETIONS in batch.column_names else None
+        flat_adv = [t for row in adv for t in row if t] if adv else []
+        vectors = self.embedder.embed([c for row in completions for c in row] + refs + flat_adv)
         gen = vectors[: n * k].reshape(n, -1)
-        return _with(batch, {C.GEN_EMBEDDING: [list(map(float, g)) for g in gen],
-                             C.REF_EMBEDDING: [list(map(float, r)) for r in vectors[n * k:]]})
+        out = {C.GEN_EMBEDDING: [list(map(float, g)) for g in gen],
+               C.REF_EMBEDDING: [list(map(float, r)) for r in vectors[n * k: n * k + n]]}
+        if adv:  # missing variants embed as zeros (their adv_kind is "")
+            it, rows = iter(vectors[n * k + n:]), []
+            for row in adv:
+                if row is None:
+                    rows.append(None)
+                    continue
+                rows.append([float(x) for t in row for x in (next(it) if t else np.zeros(vectors.shape[1]))])
+            out[C.ADV_EMBEDDING] = rows
+        return _with(batch, out)
+
+
+def adv_texts(batch: pa.Table) -> list[list[str] | None]:
+    """The comparable text of each AdvPrompt completion ("" for a missing slot)."""
+    from leakray.features.expert import comparable
+
+    out = []
+    for prompts, comps, lang in zip(_col(batch, C.ADV_PROMPTS), _col(batch, C.ADV_COMPLETIONS),
+                                    _col(batch, C.LANGUAGE)):
+        out.append(None if comps is None else
+                   [comparable(p, c, lang) if p else "" for p, c in zip(prompts, comps)])
+    return out
 
 
 def embed_device(cfg: CollectConfig) -> str:
@@ -208,7 +274,7 @@ def input_table(tasks: list[dict], folds: dict[str, int], members: set[str]) -> 
 
 def collect_local(table: pa.Table, model_path: str, cfg: CollectConfig) -> pa.Table:
     """The same stages in-process, batch by batch (tests, debugging)."""
-    sample = SampleStage(model_path, asdict(cfg.sample))
+    sample = SampleStage(model_path, asdict(cfg.sample), asdict(cfg.extra))
     execute = ExecuteStage(cfg.execute_timeout_s, cfg.execute_threads, cfg.allow_weak_isolation)
     embed = EmbedStage(cfg.embed_model, cfg.embed_max_tokens, cfg.embed_stride, cfg.embed_batch_size,
                        embed_device(cfg))
@@ -258,7 +324,8 @@ def collect_on_ray(table: pa.Table, model_path: str, cfg: CollectConfig, out_dir
     n_blocks = max(1, -(-table.num_rows // cfg.batch_size))
     ds = ray.data.from_arrow(table).repartition(n_blocks)
     ds = ds.map_batches(SampleStage, fn_constructor_kwargs={"model_path": model_path,
-                                                            "sample": asdict(cfg.sample)},
+                                                            "sample": asdict(cfg.sample),
+                                                            "extra": asdict(cfg.extra)},
                         batch_size=cfg.batch_size, batch_format="pyarrow", **pool(cfg.sample_resources))
     ds = ds.map_batches(ExecuteStage, fn_constructor_kwargs={"timeout_s": cfg.execute_timeout_s,
                                                              "threads": cfg.execute_threads,

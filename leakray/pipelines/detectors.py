@@ -23,7 +23,6 @@ import pyarrow as pa
 import ray
 
 from leakray.detect.arrays import scalar_column
-from leakray.detect.baselines import BASELINES
 from leakray.detect.cgmia import (
     CROSS_FIT_FOLDS,
     CGMIAConfig,
@@ -34,7 +33,7 @@ from leakray.detect.cgmia import (
 )
 from leakray.errors import BadInput
 from leakray.evaluate.metrics import BOOTSTRAP_SEED, N_BOOTSTRAP, binary_metrics, median_over_repeats
-from leakray.evaluate.thresholds import DEFAULT_RULE, apply_threshold, choose_threshold, parse_rule
+from leakray.evaluate.thresholds import DEFAULT_RULE, apply_threshold, parse_rule
 from leakray.schema import C, S
 
 CGMIA = "cgmia"
@@ -145,40 +144,110 @@ def _labels(table: pa.Table, which: str) -> np.ndarray:
     return y
 
 
+DEFAULT_DETECTORS = ("cgmia", "detectleak", "ref_loss", "gt_match")  # the pre-registry set
+_EXPERT_ML = ("lr", "rf", "svm", "nb", "dt", "mlp")  # searched together in one Ray Tune run
+
+
+COST_NOTE = ("wall_s: fit + threshold + target scoring, all seeds (tracemalloc's overhead included). "
+             "py_peak_mb: peak of Python-level allocations (tracemalloc: numpy arrays counted, torch tensors "
+             "and native libraries not). maxrss_delta_mb: growth of the driver's peak resident set "
+             "(getrusage; 0 when the detector stayed below an earlier peak). Work in Ray workers (Tune "
+             "trials, Ray Train) is in neither memory figure; trial_s sums a Tune-searched model's trial "
+             "fit times, and shared_run names detectors whose wall time is one shared Tune run.")
+
+
+class _Cost:
+    """Wall time and peak memory of one detector's fit + threshold + scoring (see COST_NOTE)."""
+
+    def __init__(self, trace: bool):
+        self.trace = trace
+
+    def __enter__(self) -> "_Cost":
+        import resource
+        import time
+        import tracemalloc
+
+        self._started_tracing = self.trace and not tracemalloc.is_tracing()
+        if self._started_tracing:
+            tracemalloc.start()
+        elif self.trace:
+            tracemalloc.reset_peak()
+        self._rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import resource
+        import sys
+        import time
+        import tracemalloc
+
+        self.wall_s = time.perf_counter() - self._t0
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        unit = 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB on Linux
+        self.maxrss_delta_mb = (rss - self._rss0) * unit / 2**20
+        self.py_peak_mb = tracemalloc.get_traced_memory()[1] / 2**20 if self.trace else None
+        if self._started_tracing:
+            tracemalloc.stop()
+
+    def to_dict(self, **extra: Any) -> dict[str, Any]:
+        return {"wall_s": round(self.wall_s, 3),
+                "py_peak_mb": None if self.py_peak_mb is None else round(self.py_peak_mb, 2),
+                "maxrss_delta_mb": round(self.maxrss_delta_mb, 2), **extra}
+
+
 def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: CGMIAConfig | None = None,
-                       seeds: Iterable[int] = (0, 1, 2, 3, 4), *, use_ray_train: bool = False,
-                       storage_path: str | os.PathLike | None = None, allow_task_overlap: bool = False,
-                       baselines: Iterable[str] = tuple(BASELINES), progress: bool = False,
+                       seeds: Iterable[int] = (0, 1, 2, 3, 4), *, detectors: str | Iterable[str] = DEFAULT_DETECTORS,
+                       detector_params: Mapping[str, Mapping[str, Any]] | None = None,
+                       use_ray_train: bool = False, storage_path: str | os.PathLike | None = None,
+                       allow_task_overlap: bool = False, progress: bool = False,
                        save_dir: str | os.PathLike | None = None, threshold_rule: str = DEFAULT_RULE,
                        threshold_folds: int = CROSS_FIT_FOLDS, bootstrap: int = N_BOOTSTRAP,
-                       bootstrap_seed: int = BOOTSTRAP_SEED) -> dict[str, Any]:
-    """Train CGMIA on the shadow collection per seed, score the target, compare with baselines.
+                       bootstrap_seed: int = BOOTSTRAP_SEED, trace_memory: bool = True,
+                       expert_ablation: bool = False) -> dict[str, Any]:
+    """Fit every requested detector on the shadow collection, score the target, compare.
 
-    Decisions: every detector's threshold is chosen on the shadow by ``threshold_rule``
-    (see module doc; CGMIA's over ``threshold_folds`` cross-fitted folds) and applied to
-    the target. Intervals: ``bootstrap`` stratified resamples (0: none) of the target, seeded by
-    ``bootstrap_seed`` (the same resamples for every detector and seed).
-    With ``use_ray_train`` all seeds train in one Ray Train run (Ray must be initialised).
+    ``detectors``: registry names (``leakray.detect.registry``) or ``"all"``. A detector
+    whose input columns are absent or all-null in either collection is not run: it is in
+    ``"skipped"`` with the reason (so are detectors whose input is unusable in some row).
+    ``detector_params``: per-name constructor parameters (e.g. ``{"min_k": {"k": 0.1}}``);
+    CGMIA takes ``config``. Seed-free detectors run once; learned ones once per seed.
 
-    Returns ``{"per_seed": {detector: [metrics, ...]}, "median": {detector: median_over_repeats},
-    "thresholds": {detector: {"rule", "chosen_on", "values": [per seed]}}, "threshold_rule",
-    "bootstrap": {"n_resamples", "seed"}, "seeds": [...], "scores": pa.Table (SCORES_SCHEMA,
-    one row per task per detector per seed)}``; each per-seed metrics dict also holds its
-    ``"threshold"`` (``Threshold.to_dict()``: rule, value, chosen_on and the shadow's
-    tpr/fpr/mcc at the cut). Baselines are seed-free: computed once, stored with
-    S.SEED = BASELINE_SEED, and their "median" is over that single run. Shadow and
-    target must not share a (benchmark, task_id) unless ``allow_task_overlap``.
+    Decisions: every detector's threshold is chosen on shadow data by ``threshold_rule``
+    and applied to the target: score-only detectors on all shadow rows, learned ones on
+    shadow rows they did not train on (CGMIA: ``threshold_folds`` cross-fitted folds;
+    others: their validation split; see each detector's ``heldout``). Intervals:
+    ``bootstrap`` stratified resamples (0: none) of the target, seeded by
+    ``bootstrap_seed`` (the same resamples for every detector and seed). With
+    ``use_ray_train`` CGMIA's seeds train in one Ray Train run (Ray must be initialised);
+    the classic models (lr, rf, svm, nb, dt, mlp) are grid-searched in one Ray Tune run
+    (Ray is started if it is not running).
+
+    Returns ``{"per_seed": {detector: [metrics, ...]}, "median": {detector:
+    median_over_repeats}, "thresholds": {detector: {"rule", "chosen_on", "values": [per
+    seed]}}, "skipped": {detector: reason}, "costs": {detector: {"wall_s", "py_peak_mb",
+    "maxrss_delta_mb", ...}}, "details": {detector: [per seed: what fitting chose]},
+    "specs": {detector: spec}, "detectors": [requested], "threshold_rule", "bootstrap":
+    {"n_resamples", "seed"}, "seeds": [...], "scores": pa.Table (SCORES_SCHEMA, one row per
+    task per detector per seed)}`` and, with ``expert_ablation``, ``"expert_ablation"``
+    (see ``expert_ablation``). Each per-seed metrics dict also holds its ``"threshold"``.
+    Seed-free detectors are stored with S.SEED = BASELINE_SEED. Shadow and target must not
+    share a (benchmark, task_id) unless ``allow_task_overlap``.
     """
+    from leakray.detect import registry
+    from leakray.detect.base import missing_input
+    from leakray.detect.cgmia import CGMIA as CGMIAEntry
+
     config = config or CGMIAConfig()
     seeds = [int(s) for s in seeds]
     if not seeds:
         raise BadInput("no seeds given")
     parse_rule(threshold_rule)
-    baselines = list(baselines)
-    for name in baselines:
-        if name not in BASELINES:
-            raise BadInput(f"unknown baseline {name!r}; known: {sorted(BASELINES)}")
-    y_shadow = _labels(shadow_table, "shadow")
+    names = registry.resolve(detectors)
+    params = {k: dict(v or {}) for k, v in (detector_params or {}).items()}
+    for name in params:
+        registry.detector_class(name)  # refuse unknown names early
+    _labels(shadow_table, "shadow")  # refused here, before any work; detectors read them from the table
     y = _labels(target_table, "target")
     shadow_keys, target_keys = _keys(shadow_table), _keys(target_table)
     overlap = set(shadow_keys) & set(target_keys)
@@ -186,11 +255,13 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
         raise BadInput(f"{len(overlap)} tasks are in both shadow and target, e.g. {sorted(overlap)[:3]}; "
                        "split by task or pass allow_task_overlap=True", field=C.TASK_ID)
     task_ids = [t for _, t in target_keys]
-    target_arrays = arrays_from_table(target_table)
     boot = {"n_bootstrap": int(bootstrap), "bootstrap_seed": int(bootstrap_seed)}
 
-    per_seed: dict[str, list[dict]] = {CGMIA: []}
+    per_seed: dict[str, list[dict]] = {}
     thresholds: dict[str, dict] = {}
+    skipped: dict[str, str] = {}
+    costs: dict[str, dict] = {}
+    details: dict[str, list] = {}
     parts: list[pa.Table] = []
 
     def add_scores(name: str, seed: int, score: np.ndarray, pred: np.ndarray) -> None:
@@ -200,49 +271,162 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
             S.PREDICTION: np.asarray(pred, np.int8), S.MEMBER: y,
         }, schema=SCORES_SCHEMA))
 
-    def add_threshold(name: str, th: Mapping[str, Any]) -> None:
-        entry = thresholds.setdefault(name, {"rule": th["rule"], "chosen_on": th["chosen_on"], "values": []})
-        entry["values"].append(th["value"])
+    def record(name: str, dets: list, seed_of) -> None:
+        """Threshold on shadow, score the target, keep metrics; all seeds or none."""
+        rows = []
+        for det in dets:
+            th = det.threshold(shadow_table, threshold_rule)
+            score = det.score(target_table)
+            rows.append((seed_of(det), det, th, score, apply_threshold(score, th["value"])))
+        per_seed[name] = []
+        for seed, det, th, score, pred in rows:
+            per_seed[name].append({**binary_metrics(y, score, pred, **boot), "threshold": th})
+            entry = thresholds.setdefault(name, {"rule": th["rule"], "chosen_on": th["chosen_on"], "values": []})
+            entry["values"].append(th["value"])
+            add_scores(name, seed, score, pred)
+            if save_dir is not None:
+                det.save(Path(save_dir) / (f"{name}-seed{seed}" if seed != BASELINE_SEED else name))
+        details[name] = [det.info for _, det, *_ in rows]
 
-    if use_ray_train:
-        detectors = train_cgmia_seeds_on_ray(shadow_table, config, seeds, storage_path=storage_path,
-                                             threshold_rule=threshold_rule, threshold_folds=threshold_folds)
-    else:
-        shadow_arrays = arrays_from_table(shadow_table)
-        detectors = [fit_thresholded(shadow_arrays, config, seed, threshold_rule, threshold_folds,
-                                     progress=progress) for seed in seeds]
-    for seed, det in zip(seeds, detectors):
-        if save_dir is not None:  # frozen projections, scaler and threshold travel with the weights
-            det.save(Path(save_dir) / f"cgmia-seed{seed}")
-        proba = det.predict_proba(target_arrays)
-        pred = (proba >= det.threshold["value"]).astype(np.int8)
-        per_seed[CGMIA].append({**binary_metrics(y, proba, pred, **boot), "threshold": det.threshold})
-        add_threshold(CGMIA, det.threshold)
-        add_scores(CGMIA, seed, proba, pred)
+    runnable = []
+    for name in names:
+        spec = registry.spec(name)
+        why = missing_input(shadow_table, spec.columns) or missing_input(target_table, spec.columns)
+        if why:
+            skipped[name] = why
+        else:
+            runnable.append(name)
 
-    skipped: dict[str, str] = {}
-    for name in baselines:
-        try:  # an input missing for some rows (a NaN reference loss) skips the detector, named
-            shadow_score, score = BASELINES[name](shadow_table), BASELINES[name](target_table)
+    expert_ml = [n for n in runnable if n in _EXPERT_ML]
+    if expert_ml:  # one Tune run for all of them; each gets the shared wall time, marked so
+        from leakray.detect.expert_ml import fit_kinds
+
+        try:
+            with _Cost(trace_memory) as cost:
+                fitted = fit_kinds(shadow_table, expert_ml, seeds, params,
+                                   storage_path=None if storage_path is None else Path(storage_path) / "tune")
+                for name in expert_ml:
+                    record(name, fitted[name], lambda d: d.seed)
+            for name in expert_ml:
+                costs[name] = cost.to_dict(shared_run=expert_ml, trial_s=round(sum(
+                    d["trial_seconds"] for d in details[name]), 3))
         except BadInput as exc:
-            skipped[name] = f"input unusable: {exc}"
-            continue
-        th = choose_threshold(y_shadow, shadow_score, threshold_rule, chosen_on="shadow").to_dict()
-        pred = apply_threshold(score, th["value"])
-        per_seed[name] = [{**binary_metrics(y, score, pred, **boot), "threshold": th}]
-        add_threshold(name, th)
-        add_scores(name, BASELINE_SEED, score, pred)
+            for name in expert_ml:
+                skipped[name] = f"input unusable: {exc}"
+                per_seed.pop(name, None)
+                thresholds.pop(name, None)
 
-    return {
+    for name in runnable:
+        if name in _EXPERT_ML:
+            continue
+        cls = registry.detector_class(name)
+        try:
+            with _Cost(trace_memory) as cost:
+                if name == CGMIA:
+                    if use_ray_train:
+                        models = train_cgmia_seeds_on_ray(shadow_table, config, seeds, storage_path=storage_path,
+                                                          threshold_rule=threshold_rule,
+                                                          threshold_folds=threshold_folds)
+                    else:
+                        shadow_arrays = arrays_from_table(shadow_table)
+                        models = [fit_thresholded(shadow_arrays, config, seed, threshold_rule, threshold_folds,
+                                                  progress=progress) for seed in seeds]
+                    record(name, [CGMIAEntry.wrap(m) for m in models], lambda d: d.seed)
+                elif cls.spec.learns:
+                    record(name, cls.fit_seeds(shadow_table, seeds, params.get(name), storage_path=storage_path),
+                           lambda d: d.seed)
+                else:
+                    det = cls(**params.get(name, {})).fit(shadow_table, BASELINE_SEED)
+                    record(name, [det], lambda d: BASELINE_SEED)
+            costs[name] = cost.to_dict()
+        except BadInput as exc:  # an input missing for some rows (a NaN reference loss) skips it, named
+            skipped[name] = f"input unusable: {exc}"
+            per_seed.pop(name, None)
+            thresholds.pop(name, None)
+            details.pop(name, None)
+
+    # the scores of detectors that were then skipped never reach the table
+    parts = [p for p in parts if p.column(S.DETECTOR)[0].as_py() in per_seed] if parts else parts
+    result = {
         "per_seed": per_seed,
         "median": {name: median_over_repeats(ms) for name, ms in per_seed.items()},
         "thresholds": thresholds,
         "skipped": skipped,
+        "costs": costs,
+        "cost_note": COST_NOTE,
+        "details": details,
+        "specs": {name: registry.spec(name).to_dict() for name in names},
+        "detectors": names,
         "threshold_rule": threshold_rule,
         "bootstrap": {"n_resamples": int(bootstrap), "seed": int(bootstrap_seed)},
         "seeds": seeds,
-        "scores": pa.concat_tables(parts),
+        "scores": pa.concat_tables(parts) if parts else SCORES_SCHEMA.empty_table(),
     }
+    if expert_ablation:
+        result["expert_ablation"] = run_expert_ablation(shadow_table, target_table, config, seeds,
+                                                        threshold_rule=threshold_rule,
+                                                        threshold_folds=threshold_folds)
+    return result
+
+
+def run_combined_ablation(shadow_table: pa.Table, target_table: pa.Table, seeds: Iterable[int] = (0,), *,
+                          params: Mapping[str, Any] | None = None,
+                          threshold_rule: str = DEFAULT_RULE) -> dict[str, dict[str, Any]]:
+    """The gain of each input group of ``leakray_combined``: the full detector and one run
+    without each group it used; ``{"all" | "without_<group>": {"groups", "median"}}``."""
+    from leakray.detect.combined import Combined
+
+    y = _labels(target_table, "target")
+    base = dict(params or {})
+
+    def run(groups: list[str]) -> dict[str, Any]:
+        ms = []
+        for seed in seeds:
+            det = Combined(**{**base, "groups": groups}).fit(shadow_table, seed)
+            th = det.threshold(shadow_table, threshold_rule)
+            score = det.score(target_table)
+            ms.append(binary_metrics(y, score, apply_threshold(score, th["value"]), n_bootstrap=0))
+        return {"groups": groups, "used": det.info["groups_used"], "median": median_over_repeats(ms)}
+
+    full = run(list(base.get("groups") or Combined.defaults["groups"]))
+    out = {"all": full}
+    for g in full["used"]:
+        rest = [h for h in full["used"] if h != g]
+        if rest:
+            out[f"without_{g}"] = run(rest)
+    return out
+
+
+def expert_subsets() -> list[tuple[bool, ...]]:
+    """All 16 on/off masks over C.EXPERT_BLOCKS, full set first, empty set last."""
+    import itertools
+
+    return sorted(itertools.product((True, False), repeat=len(C.EXPERT_BLOCKS)), key=lambda m: (-sum(m), m[::-1]))
+
+
+def run_expert_ablation(shadow_table: pa.Table, target_table: pa.Table, config: CGMIAConfig | None = None,
+                        seeds: Iterable[int] = (0, 1, 2, 3, 4), *, threshold_rule: str = DEFAULT_RULE,
+                        threshold_folds: int = CROSS_FIT_FOLDS) -> list[dict[str, Any]]:
+    """The paper's RQ2: CGMIA with every subset of the expert blocks (perplexity, CodeBLEU,
+    edit distance, pass), the semantic inputs (reference and completion embeddings) kept.
+    One entry per subset: ``{"blocks": [names on], "label", "without_pass_only": bool,
+    "median": median_over_repeats}``; no bootstrap (16 x seeds fits already)."""
+    config = config or CGMIAConfig()
+    shadow_arrays, target_arrays = arrays_from_table(shadow_table), arrays_from_table(target_table)
+    y = _labels(target_table, "target")
+    out = []
+    for mask in expert_subsets():
+        cfg = CGMIAConfig.from_dict({**config.to_dict(), "expert_blocks": list(mask)})
+        runs = []
+        for seed in seeds:
+            det = fit_thresholded(shadow_arrays, cfg, seed, threshold_rule, threshold_folds)
+            proba = det.predict_proba(target_arrays)
+            runs.append(binary_metrics(y, proba, (proba >= det.threshold["value"]).astype(np.int8), n_bootstrap=0))
+        on = [b for b, m in zip(C.EXPERT_BLOCKS, mask) if m]
+        out.append({"blocks": on, "label": "+".join(on) if on else "none (semantic only)",
+                    "without_pass_only": list(mask) == [True, True, True, False],
+                    "median": median_over_repeats(runs)})
+    return out
 
 
 def scores_to_dict(result: Mapping[str, Any]) -> dict[str, Any]:

@@ -46,11 +46,14 @@ def training_text(task: dict) -> str:
     return program_of(task[T.PROMPT], continuation(task[T.PROMPT], task[T.REFERENCE]))
 
 
-def collect_config(cfg: SimulateConfig):
-    from leakray.pipelines.collect import CollectConfig, StageResources
+def collect_config(cfg: SimulateConfig, base_path: str | None = None):
+    from leakray.pipelines.collect import CollectConfig, ExtraColumns, StageResources
 
     r, gpu = cfg.ray, cfg.ray.use_gpu
+    ref_model = base_path if cfg.columns.reference_model == "base" else cfg.columns.reference_model
     return CollectConfig(
+        extra=ExtraColumns(reference_model=ref_model, upper_case=cfg.columns.upper_case,
+                           advprompt=cfg.columns.advprompt),
         sample=to_stage(cfg.sample), execute_timeout_s=cfg.execute.timeout_s, execute_threads=cfg.execute.threads,
         allow_weak_isolation=cfg.execute.allow_weak_isolation,
         embed_model=cfg.embed.model, embed_max_tokens=cfg.embed.max_tokens, embed_stride=cfg.embed.stride,
@@ -97,6 +100,14 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
         sizes = [sum(1 for f in folds.values() if f == i) for i in range(cfg.benchmark.folds)]
         return {"rows_in": len(tasks), "rows_out": len(folds), "sizes": sizes}
 
+    def perturb_stage(out: Path) -> dict:
+        from leakray.pipelines.perturb import perturb_on_ray
+
+        kept = perturb_on_ray(tasks, out, seed=cfg.columns.advprompt_seed, timeout_s=cfg.execute.timeout_s,
+                              threads=cfg.execute.threads, actors=cfg.ray.execute_actors,
+                              allow_weak_isolation=cfg.execute.allow_weak_isolation)
+        return {"rows_in": len(tasks), "rows_out": len(tasks), "kept": kept}
+
     def base_stage(out: Path) -> dict:
         path, stats = base_model(cfg)
         return {"path": path, "stats": stats}
@@ -119,14 +130,20 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
             groups = by_fold()
             members = {t[T.TASK_ID] for t in groups[member]}
             table = col.input_table(groups[member] + groups[other], folds, members)
+            if cfg.columns.advprompt:
+                from leakray.pipelines.perturb import attach_variants
+
+                table = attach_variants(table, runner.dir("perturb") / "variants.parquet")
             t0 = time.perf_counter()
-            coll = col.collect_on_ray(table, str(runner.dir(role) / "model"), collect_config(cfg), out)
+            ccfg = collect_config(cfg, runner.info["base"]["path"])
+            coll = col.collect_on_ray(table, str(runner.dir(role) / "model"), ccfg, out)
             stats = col.collection_stats(coll, time.perf_counter() - t0, out / "errors.parquet")
             col.write_collection(coll, out / "collection.parquet", stats)
             return {"rows_in": table.num_rows, **stats, "isolation": isolation}
         return run
 
     def detect_stage(out: Path) -> dict:
+        from leakray.pipelines.advprompt_eval import evaluate_advprompt
         from leakray.pipelines.detectors import evaluate_detectors
 
         shadow = pq.read_table(runner.dir("collect_shadow") / "collection.parquet")
@@ -135,6 +152,10 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
                                     use_ray_train=cfg.detect.use_ray_train, storage_path=runner.run_dir / "ray_train",
                                     save_dir=out, threshold_rule=cfg.detect.threshold_rule,
                                     bootstrap=cfg.detect.bootstrap)
+        if cfg.columns.advprompt:
+            merge_results(result, lambda: evaluate_advprompt(
+                shadow, target, cfg.detect.seeds, threshold_rule=cfg.detect.threshold_rule,
+                bootstrap=cfg.detect.bootstrap), "advprompt")
         pq.write_table(result.pop("scores"), out / "scores.parquet")
         write_json_atomic(out / "metrics.json", result)
         return {"rows_in": shadow.num_rows + target.num_rows, "rows_out": target.num_rows,
@@ -146,6 +167,9 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
 
     return [
         StageSpec("folds", folds_stage, lambda i: f"D1..D4 sizes {i['sizes']}"),
+        *([StageSpec("perturb", perturb_stage, lambda i: "AdvPrompt variants kept: " + ", ".join(
+            f"{k} {v['rate']:.0%}" for k, v in i["kept"].items() if v.get("rate") is not None))]
+          if cfg.columns.advprompt else []),
         StageSpec("base", base_stage, lambda i: f"{i['path']} (val loss {i['stats'].get('val_loss', '?')})"),
         *(StageSpec(role, finetune_stage(role),
                     lambda i, role=role: f"fine-tuned on D{ROLES[role][0] + 1} ({i['rows_in']} tasks), "
@@ -154,6 +178,20 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
         *(StageSpec(f"collect_{role}", collect_stage(role), collect_summary) for role in ("shadow", "target")),
         StageSpec("detect", detect_stage, lambda i: f"{', '.join(i['detectors'])}"),
     ]
+
+
+def merge_results(result: dict, evaluate, name: str) -> None:
+    """Fold a separately evaluated detector family into `evaluate_detectors`' result; an
+    unusable input skips it with the reason (never a 0.5)."""
+    t0 = time.perf_counter()
+    try:
+        extra = evaluate()
+    except BadInput as exc:
+        result.setdefault("skipped", {})[name] = f"input unusable: {exc}"
+        return
+    for key in ("per_seed", "median", "thresholds"):
+        result.setdefault(key, {}).update(extra.get(key, {}))
+    result.setdefault("seconds", {})[name] = round(time.perf_counter() - t0, 2)
 
 
 def run_simulation(cfg: SimulateConfig, console: Console | None = None) -> Path:

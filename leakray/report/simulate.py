@@ -76,6 +76,9 @@ def detector_summary(metrics: dict) -> dict:
             if isinstance(row[k], float) and row[k].is_integer():
                 row[k] = int(row[k])
         th = metrics.get("thresholds", {}).get(name)
+        row["cost"] = metrics.get("costs", {}).get(name)
+        spec = metrics.get("specs", {}).get(name) or {}
+        row["access"], row["family"] = spec.get("access"), spec.get("family")
         row["threshold"] = None if th is None else {
             "rule": th["rule"], "chosen_on": th["chosen_on"], "values": th["values"],
             "median": float(np.median(th["values"])) if th["values"] else None}
@@ -195,20 +198,34 @@ DETECTOR_COLUMNS = (("precision", "precision"), ("recall", "recall"), ("mcc", "M
                     ("n_degenerate", "degenerate seeds"))
 
 
+COST_COLUMNS = ("access", "wall s", "py peak MB")
+
+
+def _by_auc(item) -> tuple:
+    """Highest AUC first; a NaN or missing AUC last; ties by name."""
+    auc = item[1].get("auc")
+    ok = isinstance(auc, (int, float)) and not math.isnan(auc)
+    return (not ok, -auc if ok else 0.0, item[0])
+
+
 def render_markdown(r: dict) -> str:
     lines = [f"# leakray simulated-leakage audit — {r['benchmark']['name']}", "", r["protocol"] + ".", "",
              _isolation_line(r.get("isolation") or {}), "",
              "## Detectors on the target (median over seeds)", "",
-             "| detector | " + " | ".join(h for _, h in DETECTOR_COLUMNS) + " |",
-             "|---" * (len(DETECTOR_COLUMNS) + 1) + "|"]
-    for name, m in r["detectors"].items():
+             "| detector | " + " | ".join(h for _, h in DETECTOR_COLUMNS) + " | " + " | ".join(COST_COLUMNS) + " |",
+             "|---" * (len(DETECTOR_COLUMNS) + len(COST_COLUMNS) + 1) + "|"]
+    for name, m in sorted(r["detectors"].items(), key=_by_auc):
         cells = []
         for key, _ in DETECTOR_COLUMNS:
             v = m.get(key)
             if key == "n_degenerate" and v is not None and m.get("n_repeats") is not None:
                 v = f"{v} of {m['n_repeats']}"
             cells.append(_fmt(v))
+        cost = m.get("cost") or {}
+        cells += [_fmt(m.get("access")), _fmt(cost.get("wall_s")), _fmt(cost.get("py_peak_mb"))]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "Sorted by AUC. Wall time covers fit, threshold and scoring over all seeds; "
+              + ((r.get("detectors_full") or {}).get("cost_note") or "")]
     lines += [f"- **{name}** skipped: {why}" for name, why in (r.get("skipped") or {}).items()]
     lines += ["", *_threshold_lines(r), "", _low_fpr_note(r),
               "A seed is degenerate when its decisions put every target row in one class (a confusion-matrix "

@@ -1,0 +1,218 @@
+"""What every detector is: a spec (name, paper, input columns, access level) and a
+``fit`` / ``score`` / ``save`` / ``load`` object.
+
+- ``fit(shadow, seed)`` learns from the labelled shadow collection (a no-op for
+  score-only detectors); ``fit_seeds(shadow, seeds)`` fits one detector per seed and may
+  share work between seeds (one Ray Tune run for all of them, say).
+- ``score(table)`` -> float64 [n], higher = member. No decision: the threshold is chosen
+  on shadow data by ``threshold(shadow, rule)`` and applied unchanged to the target.
+- ``heldout(shadow)`` -> the shadow labels and scores the threshold is chosen on. For a
+  score-only detector that is the whole shadow; a learned one returns rows it did not
+  train on (its validation split, or out-of-fold scores), because scores on its own
+  training rows are overfit.
+- ``save(dir)`` / ``Detector.load(dir)``: ``detector.json`` (name, params, seed, info,
+  threshold) plus whatever state the detector writes itself.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Iterable, Mapping
+
+import numpy as np
+import pyarrow as pa
+
+from leakray.detect.arrays import scalar_column
+from leakray.errors import BadInput
+from leakray.evaluate.thresholds import DEFAULT_RULE, choose_threshold
+from leakray.schema import C
+
+ACCESS_LEVELS = ("black box", "logprobs", "weights")
+FAMILIES = ("likelihood", "generation", "learned", "composite")
+META_FILE = "detector.json"
+
+
+@dataclass(frozen=True)
+class DetectorSpec:
+    name: str  # key in report.json
+    paper: str  # who published it (or "leakray" for our own)
+    columns: tuple[str, ...]  # collection columns it needs, non-null in every row
+    access: str  # one of ACCESS_LEVELS: what the auditor needs from the model
+    family: str  # one of FAMILIES
+    learns: bool  # trains on the shadow (so its result depends on the seed)
+    summary: str  # one line: the statistic
+
+    def __post_init__(self):
+        if self.access not in ACCESS_LEVELS or self.family not in FAMILIES:
+            raise BadInput(f"detector {self.name}: bad access {self.access!r} or family {self.family!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "paper": self.paper, "columns": list(self.columns), "access": self.access,
+                "family": self.family, "learns": self.learns, "summary": self.summary}
+
+
+def missing_input(table: pa.Table, columns: Iterable[str]) -> str | None:
+    """Why a table cannot feed a detector that needs ``columns`` (None if it can).
+
+    An all-null column is one the backend could not fill; a column null in only some rows
+    is caught later, by the detector, with the row named."""
+    for name in columns:
+        if name not in table.column_names:
+            return f"collection lacks column {name!r}"
+        col = table.column(name)
+        if table.num_rows and col.null_count == table.num_rows:
+            return f"column {name!r} is empty (the sampling backend could not fill it)"
+    return None
+
+
+def labels(table: pa.Table, which: str = "shadow") -> np.ndarray:
+    y = scalar_column(table, C.MEMBER, dtype=np.int8)
+    bad = ~np.isin(y, (0, 1))
+    if bad.any():
+        raise BadInput(f"{which} collection needs member 0/1, got {y[bad][0]}", row=int(np.flatnonzero(bad)[0]),
+                       field=C.MEMBER)
+    if len(np.unique(y)) < 2:
+        raise BadInput(f"{which} collection holds one class only", field=C.MEMBER)
+    return y
+
+
+def task_keys(table: pa.Table) -> np.ndarray:
+    """(benchmark, task_id) as one string per row: the unit every split keeps together."""
+    if C.TASK_ID not in table.column_names:
+        return np.arange(table.num_rows).astype(str).astype(object)
+    ids = table.column(C.TASK_ID).to_pylist()
+    bench = table.column(C.BENCHMARK).to_pylist() if C.BENCHMARK in table.column_names else [""] * len(ids)
+    return np.asarray([f"{b}\x1f{t}" for b, t in zip(bench, ids)], dtype=object)
+
+
+def split_by_task(keys: np.ndarray, y: np.ndarray, val_share: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row indices (train, val): ``val_share`` of the tasks, stratified by label, seeded."""
+    from sklearn.model_selection import train_test_split
+
+    if not 0.0 < val_share < 1.0:
+        raise BadInput(f"val_share must lie in (0, 1), got {val_share}")
+    keys = np.asarray(keys).astype(str)
+    uniq, first = np.unique(keys, return_index=True)
+    group_y = np.asarray(y)[first]
+    if min((group_y == 0).sum(), (group_y == 1).sum()) < 2:
+        raise BadInput("a validation split needs at least 2 tasks of each class", field=C.MEMBER)
+    split_seed = int(np.random.SeedSequence([int(seed), 7]).generate_state(1)[0])
+    tr, va = train_test_split(uniq, test_size=val_share, stratify=group_y, random_state=split_seed)
+    val = np.isin(keys, va)
+    return np.flatnonzero(~val), np.flatnonzero(val)
+
+
+class Detector:
+    """Base class. Subclasses set ``spec`` and ``defaults`` and implement ``score``."""
+
+    spec: ClassVar[DetectorSpec]
+    defaults: ClassVar[Mapping[str, Any]] = {}
+
+    def __init__(self, **params: Any):
+        unknown = set(params) - set(self.defaults)
+        if unknown:
+            raise BadInput(f"detector {self.spec.name}: unknown parameters {sorted(unknown)}; "
+                           f"known: {sorted(self.defaults)}", field=f"detect.params.{self.spec.name}")
+        self.params: dict[str, Any] = {**self.defaults, **params}
+        self.seed: int | None = None
+        self.info: dict[str, Any] = {}  # what fitting chose (tuned config, ensemble weights, ...)
+        self.threshold_: dict[str, Any] | None = None  # Threshold.to_dict() once chosen
+
+    # -- learning --------------------------------------------------------------------
+    def fit(self, shadow: pa.Table, seed: int = 0) -> "Detector":
+        self.seed = int(seed)
+        return self
+
+    @classmethod
+    def fit_seeds(cls, shadow: pa.Table, seeds: Iterable[int], params: Mapping[str, Any] | None = None,
+                  **context: Any) -> list["Detector"]:
+        """One fitted detector per seed; ``context`` carries run facilities (``storage_path``)."""
+        return [cls(**dict(params or {})).fit(shadow, s) for s in seeds]
+
+    def score(self, table: pa.Table) -> np.ndarray:
+        raise NotImplementedError
+
+    # -- decisions -------------------------------------------------------------------
+    def heldout(self, shadow: pa.Table) -> tuple[np.ndarray, np.ndarray, str]:
+        return labels(shadow), self.score(shadow), "shadow"
+
+    def threshold(self, shadow: pa.Table, rule: str = DEFAULT_RULE) -> dict[str, Any]:
+        y, s, on = self.heldout(shadow)
+        self.threshold_ = choose_threshold(y, s, rule, chosen_on=on).to_dict()
+        return self.threshold_
+
+    # -- persistence -----------------------------------------------------------------
+    def _save_state(self, directory: Path) -> None:
+        """Write learned state beside detector.json (nothing for score-only detectors)."""
+
+    def _load_state(self, directory: Path) -> None:
+        pass
+
+    def save(self, directory: str | Path) -> Path:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self._save_state(directory)
+        meta = {"name": self.spec.name, "params": self.params, "seed": self.seed, "info": self.info,
+                "threshold": self.threshold_}
+        (directory / META_FILE).write_text(json.dumps(meta, indent=1, default=_jsonable))  # last: marks completion
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "Detector":
+        directory = Path(directory)
+        if not (directory / META_FILE).exists():
+            raise BadInput("not a saved detector", path=str(directory / META_FILE))
+        meta = json.loads((directory / META_FILE).read_text())
+        if meta.get("name") != cls.spec.name:
+            raise BadInput(f"saved detector is {meta.get('name')!r}, not {cls.spec.name!r}",
+                           path=str(directory / META_FILE))
+        det = cls(**meta["params"])
+        det.seed, det.info, det.threshold_ = meta["seed"], meta["info"], meta["threshold"]
+        det._load_state(directory)
+        return det
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, (np.ndarray, tuple, set)):
+        return list(v)
+    raise TypeError(f"not JSON-serialisable: {type(v).__name__}")
+
+
+class ScoreOnly(Detector):
+    """A detector with no training: ``fit`` only records the seed."""
+
+
+class HeldoutLearned(Detector):
+    """A detector trained on one split of the shadow's tasks; the other ``val_share`` of the
+    tasks (stratified, seeded) supplies the scores its threshold is chosen on (and, for the
+    neural ones, the epoch to keep). Subclasses implement ``_train(shadow, train_idx, val_idx)``
+    and ``score``."""
+
+    defaults: ClassVar[Mapping[str, Any]] = {"val_share": 0.4}
+
+    def __init__(self, **params: Any):
+        super().__init__(**params)
+        self._heldout: tuple[np.ndarray, np.ndarray, str] | None = None
+
+    def fit(self, shadow: pa.Table, seed: int = 0) -> "HeldoutLearned":
+        self.seed = int(seed)
+        y = labels(shadow)
+        share = float(self.params["val_share"])
+        tr, va = split_by_task(task_keys(shadow), y, share, self.seed)
+        self._train(shadow, tr, va)
+        self._heldout = (y[va], self.score(shadow.take(va)),
+                         f"shadow, held-out validation split ({share:.0%} of tasks)")
+        self.info.update(n_train=int(len(tr)), n_val=int(len(va)))
+        return self
+
+    def _train(self, shadow: pa.Table, train_idx: np.ndarray, val_idx: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def heldout(self, shadow: pa.Table) -> tuple[np.ndarray, np.ndarray, str]:
+        if self._heldout is None:
+            raise BadInput(f"{self.spec.name}: fit the detector before choosing its threshold")
+        return self._heldout

@@ -1,0 +1,91 @@
+"""Every detector leakray runs, by name. Adding one = one module + one line below.
+
+Entries are "module:Class" strings, imported on first use, so listing the registry does
+not import torch or scikit-learn.
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from leakray.detect.base import META_FILE, Detector, DetectorSpec
+from leakray.errors import BadInput
+
+_ENTRIES = {
+    # likelihood family (logprobs of the reference; no shadow training)
+    "ref_loss": "ref_loss:RefLoss",
+    "min_k": "min_k:MinK",
+    "min_k_pp": "min_k_pp:MinKPlusPlus",
+    "zlib": "zlib_ratio:ZlibRatio",
+    "ref_calibrated": "ref_calibrated:RefCalibrated",
+    # generation only (the k completions)
+    "detectleak": "detectleak:DetectLeak",
+    "gt_match": "gt_match:GTMatch",
+    "cdd": "cdd:CDD",
+    "buzzer_b": "buzzer_b:BuzzerB",
+    # learned on the shadow collection
+    "cgmia": "cgmia:CGMIA",
+    "gotcha": "gotcha:Gotcha",
+    "codemi": "codemi:CodeMI",
+    "lr": "expert_ml:LR",
+    "rf": "expert_ml:RF",
+    "svm": "expert_ml:SVM",
+    "nb": "expert_ml:NB",
+    "dt": "expert_ml:DT",
+    "mlp": "expert_ml:MLP",
+    "cnn": "sequence:CNN",
+    "lstm": "sequence:LSTM",
+    "transformer": "sequence:Transformer",
+    # composites
+    "cgmia_ensemble": "cgmia_ensemble:CGMIAEnsemble",
+    "leakray_combined": "combined:Combined",
+}
+
+
+def names() -> list[str]:
+    """Every registered detector, in report order (families as listed above)."""
+    return list(_ENTRIES)
+
+
+@lru_cache(maxsize=None)
+def detector_class(name: str) -> type[Detector]:
+    if name not in _ENTRIES:
+        raise BadInput(f"unknown detector {name!r}; known: {', '.join(_ENTRIES)}", field="detect.detectors")
+    module, _, cls = _ENTRIES[name].partition(":")
+    found = getattr(importlib.import_module(f"leakray.detect.{module}"), cls)
+    if found.spec.name != name:  # the registry key is the report key: they must agree
+        raise RuntimeError(f"registry entry {name!r} points at {found.spec.name!r}")
+    return found
+
+
+def spec(name: str) -> DetectorSpec:
+    return detector_class(name).spec
+
+
+def resolve(selection: str | Iterable[str]) -> list[str]:
+    """``"all"`` or a list of names -> validated names, duplicates dropped, order kept."""
+    if isinstance(selection, str):
+        selection = names() if selection == "all" else [selection]
+    out: list[str] = []
+    for name in selection:
+        detector_class(name)  # refuses unknown names
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def make(name: str, params: Mapping[str, Any] | None = None) -> Detector:
+    return detector_class(name)(**dict(params or {}))
+
+
+def load(directory: str | Path) -> Detector:
+    """Load any saved detector: its name is in its detector.json."""
+    import json
+
+    meta_path = Path(directory) / META_FILE
+    if not meta_path.exists():
+        raise BadInput("not a saved detector", path=str(meta_path))
+    return detector_class(json.loads(meta_path.read_text())["name"]).load(directory)

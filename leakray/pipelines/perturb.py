@@ -1,0 +1,104 @@
+"""The AdvPrompt perturbation stage on Ray Data: every task fans out to its 11 variants,
+each proven in the sandbox (variant prompt + reference continuation still passes the tests),
+and folds back into one row per task: `adv_prompts` / `adv_kind` with slot 0 the original.
+
+It depends on the benchmark and the seed only, never on a model, so it runs once per run and
+both collections (shadow and target) read it."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from leakray.schema import C, T
+
+BASE_SLOT = "base"
+
+
+class ProveVariants:
+    """Actor: variants of each task in a batch, checked by this actor's sandbox."""
+
+    def __init__(self, seed: int, timeout_s: float, threads: int, allow_weak_isolation: bool):
+        from leakray.sandbox import Sandbox, SandboxConfig
+
+        self.seed, self.threads = seed, threads
+        self.sandbox = Sandbox(SandboxConfig(timeout_s=timeout_s, allow_weak_isolation=allow_weak_isolation))
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        return prove_batch(batch, self.sandbox, self.seed, self.threads)
+
+
+def prove_batch(batch: pa.Table, sandbox, seed: int, threads: int = 2) -> pa.Table:
+    from leakray.perturb.core import SLOTS, slot_name, variants_of
+    from leakray.perturb.keep import keep_variants
+
+    tasks = batch.to_pylist()
+    variants = [variants_of(t, seed) for t in tasks]
+    checks = keep_variants(tasks, variants, sandbox, workers=threads)
+    prompts, kinds, status = [], [], []
+    for task, vs, cs in zip(tasks, variants, checks):
+        by_slot = {c.slot: (v, c) for v, c in zip(vs, cs)}
+        row_p, row_k = [task[T.PROMPT]], [BASE_SLOT]
+        for kind, index in SLOTS:
+            v, c = by_slot[slot_name(kind, index)]
+            row_p.append(v.prompt if c.kept else "")
+            row_k.append(c.slot if c.kept else "")
+        prompts.append(row_p)
+        kinds.append(row_k)
+        status.append([f"{c.language}|{c.kind}|{c.status}" for c in cs])
+    return pa.table({C.TASK_ID: [t[T.TASK_ID] for t in tasks],
+                     C.ADV_PROMPTS: pa.array(prompts, pa.list_(pa.string())),
+                     C.ADV_KIND: pa.array(kinds, pa.list_(pa.string())),
+                     "check": pa.array(status, pa.list_(pa.string()))})
+
+
+def perturb_on_ray(tasks: list[dict], out_dir: Path, *, seed: int, timeout_s: float, threads: int,
+                   actors: int, allow_weak_isolation: bool, batch_size: int = 8) -> dict:
+    """Writes `variants.parquet` (one row per task) and returns the kept-variant rates."""
+    import ray
+    from ray.data import ActorPoolStrategy
+
+    from leakray.schema import TASK_SCHEMA
+
+    table = pa.Table.from_pylist([{k: t[k] for k in T.ALL} for t in tasks], schema=TASK_SCHEMA)
+    ds = ray.data.from_arrow(table).repartition(max(1, -(-table.num_rows // batch_size)))
+    ds = ds.map_batches(ProveVariants, fn_constructor_kwargs={
+        "seed": seed, "timeout_s": timeout_s, "threads": threads, "allow_weak_isolation": allow_weak_isolation},
+        batch_size=batch_size, batch_format="pyarrow", num_cpus=0,
+        compute=ActorPoolStrategy(min_size=1, max_size=max(1, actors)))
+    parts = out_dir / "parts"
+    ds.write_parquet(str(parts))
+    result = pq.read_table(str(parts))
+    # actor tasks retry at least once: one row per task
+    ids = result.column(C.TASK_ID).to_pylist()
+    first = sorted({t: i for i, t in reversed(list(enumerate(ids)))}.values())
+    result = result.take(first).sort_by(C.TASK_ID)
+    pq.write_table(result, out_dir / "variants.parquet")
+    return kept_summary(result)
+
+
+def kept_summary(result: pa.Table) -> dict:
+    """Kept-variant rate per language and kind: kept / (kept + failed); not-applicable counted apart."""
+    counts: dict[str, Counter] = {}
+    for row in result.column("check").to_pylist():
+        for item in row:
+            language, kind, status = item.split("|")
+            counts.setdefault(f"{language}/{kind}", Counter())[status] += 1
+    out = {}
+    for key, n in sorted(counts.items()):
+        tried = n["kept"] + n["failed"]
+        out[key] = {**dict(n), "rate": round(n["kept"] / tried, 4) if tried else None}
+    return out
+
+
+def attach_variants(table: pa.Table, variants_path: Path) -> pa.Table:
+    """The collection's input table with each task's `adv_prompts` / `adv_kind` joined by task id."""
+    v = pq.read_table(variants_path)
+    by_id = {t: i for i, t in enumerate(v.column(C.TASK_ID).to_pylist())}
+    idx = [by_id[t] for t in table.column(C.TASK_ID).to_pylist()]
+    for name in (C.ADV_PROMPTS, C.ADV_KIND):
+        table = table.append_column(name, v.column(name).take(idx))
+    return table

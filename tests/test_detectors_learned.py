@@ -1,0 +1,117 @@
+"""Learned and composite detectors (no Ray): each on a shadow/target pair where its input
+carries the membership signal by construction, a shuffled-label control, thresholds from
+held-out shadow rows only, save/load."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from sklearn.metrics import roc_auc_score
+
+from cgmia_data import rich_collection
+from leakray.detect import registry
+from leakray.detect.cgmia import CGMIAConfig
+from leakray.schema import C
+
+torch.set_num_threads(1)
+FAST_CGMIA = CGMIAConfig(epochs=8, expert_proj_dim=64, hidden=(32,), lr=1e-3, batch_size=32).to_dict()
+
+
+def _lexical(table: pa.Table) -> pa.Table:
+    """Members' completions and references carry tokens non-members' never do: the token
+    content the sequence models read separates them."""
+    member = table.column(C.MEMBER).to_pylist()
+    comps = [[c + ("    cache = memo(key)\n" if m else "") for c in cs]
+             for cs, m in zip(table.column(C.COMPLETIONS).to_pylist(), member)]
+    i = table.schema.get_field_index(C.COMPLETIONS)
+    return table.set_column(i, table.schema.field(i), pa.array(comps, table.schema.field(i).type))
+
+
+CASES = {  # name: (params, how to plant its signal)
+    "gotcha": ({"hidden": [32], "max_iter": 100}, {"embed_shift": 3.0}),
+    "codemi": ({}, {}),
+    "cnn": ({"epochs": 6}, "lexical"),
+    "lstm": ({"epochs": 6}, "lexical"),
+    "transformer": ({"epochs": 6}, "lexical"),
+    "cgmia_ensemble": ({"config": FAST_CGMIA, "members": 2}, {}),
+    "leakray_combined": ({}, {"signal": 0.4}),
+}
+
+
+def _shuffled(table: pa.Table, seed: int) -> pa.Table:
+    perm = np.random.default_rng(seed).permutation(table.column(C.MEMBER).to_numpy())
+    i = table.schema.get_field_index(C.MEMBER)
+    return table.set_column(i, table.schema.field(i), pa.array(perm, pa.int8()))
+
+
+def _pair(plant, shuffle=False):
+    """Signal planted first, then (for the control) the labels permuted: features kept, link broken."""
+    kw = plant if isinstance(plant, dict) else {}
+    sh, tg = rich_collection(n=120, seed=1, **kw), rich_collection(n=120, seed=2, prefix="u", **kw)
+    if plant == "lexical":
+        sh, tg = _lexical(sh), _lexical(tg)
+    return (_shuffled(sh, 5), _shuffled(tg, 6)) if shuffle else (sh, tg)
+
+
+SLOW = ("cnn", "lstm", "transformer")  # ~15 s each on a loaded 2-core machine
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in CASES])
+def test_learned_detector_learns_its_signal_and_not_shuffled_labels(name, tmp_path):
+    params, plant = CASES[name]
+    sh, tg = _pair(plant)
+    y = tg.column(C.MEMBER).to_numpy()
+    det = registry.make(name, params).fit(sh, seed=3)
+    score = det.score(tg)
+    assert score.shape == (120,) and np.isfinite(score).all()
+    assert roc_auc_score(y, score) > 0.85, name
+    th = det.threshold(sh)
+    assert th["chosen_on"].startswith("shadow, ") and th["chosen_on"] != "shadow", th  # held-out rows only
+    assert th["n_pos"] + th["n_neg"] < 120 or "out-of-fold" in th["chosen_on"]
+    back = registry.load(det.save(tmp_path / name))
+    np.testing.assert_allclose(back.score(tg), score, rtol=1e-6, atol=1e-9)
+    assert back.threshold_ == th
+
+    sh0, tg0 = _pair(plant, shuffle=True)
+    control = registry.make(name, params).fit(sh0, seed=3).score(tg0)
+    assert abs(roc_auc_score(tg0.column(C.MEMBER).to_numpy(), control) - 0.5) < 0.17, name
+
+
+def test_same_seed_same_scores():
+    sh, tg = _pair("lexical")
+    a, b = (registry.make("cnn", {"epochs": 2}).fit(sh, seed=4).score(tg) for _ in range(2))
+    np.testing.assert_array_equal(a, b)
+    assert not np.allclose(a, registry.make("cnn", {"epochs": 2}).fit(sh, seed=5).score(tg))
+
+
+def test_combined_groups_are_switchable_and_recorded():
+    sh, tg = _pair({"signal": 0.4})
+    det = registry.make("leakray_combined", {"groups": ["expert", "likelihood", "advprompt"]}).fit(sh, 0)
+    assert set(det.info["groups_used"]) == {"expert", "likelihood"}
+    assert det.info["groups_missing"] == ["advprompt"]
+    assert det.info["groups_used"]["likelihood"] == ["ref_loss", "min_k", "min_k_pp", "zlib", "ref_calibrated"]
+    assert det.info["n_features"] == 12 + 5
+    # a target without a column the detector was fitted on is refused, not silently changed
+    with pytest.raises(Exception, match="ref_token_logprobs|likelihood"):
+        det.score(tg.drop_columns([C.REF_TOKEN_LOGPROBS]))
+
+
+def test_cgmia_ensemble_weights_follow_heldout_mcc():
+    sh, _ = _pair({})
+    det = registry.make("cgmia_ensemble", {"config": FAST_CGMIA, "members": 3}).fit(sh, 0)
+    w, mcc = np.asarray(det.info["weights"]), np.clip(det.info["member_heldout_mcc"], 0, None)
+    assert "different seeds" in det.info["members_from"] and len(w) == 3
+    np.testing.assert_allclose(w, mcc / mcc.sum())
+
+
+def test_cgmia_expert_blocks_mask_reaches_the_model():
+    from leakray.detect.cgmia import arrays_from_table, fit
+
+    sh, _ = _pair({})
+    arrays = arrays_from_table(sh)
+    k = arrays["expert"].shape[1] // 4
+    det = fit(arrays, CGMIAConfig.from_dict({**FAST_CGMIA, "expert_blocks": [True, False, False, True]}), 0,
+              progress=False)
+    assert det.expert_keep[k:3 * k].sum() == 0 and det.expert_keep[:k].all()
+    none = fit(arrays, CGMIAConfig.from_dict({**FAST_CGMIA, "expert_blocks": [False] * 4}), 0, progress=False)
+    assert none.frozen.expert is None and not none.expert_keep.any()

@@ -1,0 +1,112 @@
+"""Registry API and the score-only detectors (likelihood family, generation-only): each on a
+collection where its own signal separates members, a shuffled-label control, definitions
+checked by hand, save/load, and skipping with a reason when a column is empty."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from sklearn.metrics import roc_auc_score
+
+from cgmia_data import rich_collection, synthetic_collection
+from leakray.detect import registry
+from leakray.detect.base import missing_input
+from leakray.errors import BadInput
+from leakray.schema import C, collection_schema
+
+SCORE_ONLY = ["ref_loss", "min_k", "min_k_pp", "zlib", "ref_calibrated", "detectleak", "gt_match", "cdd", "buzzer_b"]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return rich_collection(n=200, seed=2, prefix="u")
+
+
+def _auc(table, name):
+    return roc_auc_score(table.column(C.MEMBER).to_numpy(), registry.make(name).score(table))
+
+
+def test_registry_lists_every_detector_with_a_valid_spec():
+    names = registry.names()
+    assert len(names) == len(set(names)) == 23
+    schema_cols = set(collection_schema().names)
+    for name in names:
+        spec = registry.spec(name)
+        assert spec.name == name and spec.paper and spec.summary
+        assert set(spec.columns) <= schema_cols, name
+        assert spec.learns == (spec.family in ("learned", "composite")), name
+    assert registry.resolve("all") == names
+    assert registry.resolve(["min_k", "cdd", "min_k"]) == ["min_k", "cdd"]
+    with pytest.raises(BadInput, match="unknown detector 'min_kk'"):
+        registry.resolve(["min_kk"])
+    with pytest.raises(BadInput, match="unknown parameters"):
+        registry.make("min_k", {"kk": 0.1})
+
+
+@pytest.mark.parametrize("name", SCORE_ONLY)
+def test_score_only_detector_finds_its_planted_signal_and_not_a_shuffled_one(name, target):
+    assert _auc(target, name) > 0.75, name
+    shuffled = rich_collection(n=200, seed=2, prefix="u", shuffle_labels=True)
+    assert abs(_auc(shuffled, name) - 0.5) < 0.12, name
+    # no signal planted: no skill either
+    assert abs(_auc(rich_collection(n=200, seed=3, signal=0.0), name) - 0.5) < 0.15, name
+
+
+def _lists(name, rows):
+    return pa.table({name: pa.array(rows, collection_schema().field(name).type)})
+
+
+def test_min_k_and_min_k_pp_definitions():
+    lp = [[-1.0, -5.0, -0.1, -3.0, -0.2, -0.3, -0.4, -0.5, -0.6, -0.7]]  # 10 tokens: lowest 20% = 2
+    t = _lists(C.REF_TOKEN_LOGPROBS, lp)
+    assert registry.make("min_k").score(t)[0] == pytest.approx(-4.0)
+    assert registry.make("min_k", {"k": 0.05}).score(t)[0] == pytest.approx(-5.0)  # at least one token
+    mu, sigma = [[-2.0] * 10], [[2.0] * 10]
+    t = t.append_column(C.REF_TOKEN_MU, pa.array(mu, pa.list_(pa.float32()))).append_column(
+        C.REF_TOKEN_SIGMA, pa.array(sigma, pa.list_(pa.float32())))
+    assert registry.make("min_k_pp").score(t)[0] == pytest.approx(((-5 + 2) / 2 + (-3 + 2) / 2) / 2)
+    bad = t.set_column(2, C.REF_TOKEN_SIGMA, pa.array([[0.0] * 10], pa.list_(pa.float32())))
+    with pytest.raises(BadInput, match="row 0.*ref_token_sigma"):
+        registry.make("min_k_pp").score(bad)
+
+
+def test_zlib_ref_calibrated_cdd_buzzer_definitions():
+    import zlib
+
+    t = pa.table({C.REF_LOSS: pa.array([2.0], pa.float32()), C.PROMPT: ["def f():\n"],
+                  C.REFERENCE: ["def f():\n    return 1\n"]})
+    assert registry.make("zlib").score(t)[0] == pytest.approx(-2.0 / len(zlib.compress(b"\n    return 1\n")))
+    t = _lists(C.REF_TOKEN_LOGPROBS, [[-1.0, -3.0]]).append_column(
+        C.REFMODEL_TOKEN_LOGPROBS, pa.array([[-2.0, -4.0]], pa.list_(pa.float32())))
+    assert registry.make("ref_calibrated").score(t)[0] == pytest.approx(1.0)
+    with pytest.raises(BadInput, match="tokens"):
+        registry.make("ref_calibrated").score(t.set_column(1, C.REFMODEL_TOKEN_LOGPROBS,
+                                                           pa.array([[-2.0]], pa.list_(pa.float32()))))
+    # 20 tokens per sample -> bound alpha*l = 1 edit: pairs (a,a) and (a,a') are close, (b, *) not
+    a = "x = 1 + 2 + 3 + 4 + 5 + 6 + 7 + 8 + 9 + 0"
+    assert len(__import__("leakray.features.expert", fromlist=["x"]).code_tokens(a)) == 21
+    samples = [a, a, a.replace("9", "8"), "y = [i for i in range(10) if i % 2 == 0 and i > 3]"]
+    t = pa.table({C.COMPLETIONS: [samples]})
+    # pairs: 0-1 (0), 0-2 (1), 1-2 (1) close; three pairs with the last far: 3 of 6
+    assert registry.make("cdd").score(t)[0] == pytest.approx(3 / 6)
+    assert registry.make("cdd", {"alpha": 0.0}).score(t)[0] == pytest.approx(1 / 6)
+    t = pa.table({C.PERPLEXITY: pa.array([[2.0, 8.0]], pa.list_(pa.float32())),
+                  C.UPPER_PERPLEXITY: pa.array([[4.0, 16.0]], pa.list_(pa.float32()))})
+    assert registry.make("buzzer_b").score(t)[0] == pytest.approx(np.log(2.0))
+
+
+def test_missing_input_says_why():
+    plain = synthetic_collection(n=10)  # no token-level columns at all
+    assert "lacks column 'ref_token_logprobs'" in missing_input(plain, registry.spec("min_k").columns)
+    sch = collection_schema()
+    empty = plain.append_column(sch.field(C.REF_TOKEN_LOGPROBS), pa.nulls(10, sch.field(C.REF_TOKEN_LOGPROBS).type))
+    assert "is empty" in missing_input(empty, registry.spec("min_k").columns)
+    assert missing_input(plain, registry.spec("detectleak").columns) is None
+
+
+@pytest.mark.parametrize("name", ["min_k", "cdd"])
+def test_save_load_keeps_params_and_threshold(name, target, tmp_path):
+    det = registry.make(name, {"k": 0.1} if name == "min_k" else {"alpha": 0.1}).fit(target, -1)
+    th = det.threshold(target)
+    back = registry.load(det.save(tmp_path / name))
+    assert type(back) is type(det) and back.params == det.params and back.threshold_ == th
+    np.testing.assert_array_equal(back.score(target), det.score(target))

@@ -1,0 +1,111 @@
+"""Ray Tune really searches (several grid points per model, the chosen one the best on the
+shadow's validation split, the target never seen), and evaluate_detectors end to end over
+the registry: skipped detectors with reasons, costs, shadow-chosen thresholds."""
+
+import pyarrow as pa
+import pytest
+import torch
+from sklearn.metrics import roc_auc_score
+
+from cgmia_data import rich_collection
+from leakray.detect import expert_ml
+from leakray.detect.cgmia import CGMIAConfig
+from leakray.schema import C, collection_schema
+
+torch.set_num_threads(1)
+pytestmark = pytest.mark.slow  # a local Ray and one Tune run per test
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    if started:
+        ray.shutdown()
+
+
+def test_tune_grid_searches_and_picks_the_best_on_shadow_validation(ray_local, tmp_path):
+    shadow = rich_collection(n=120, seed=1, signal=0.5)
+    target = rich_collection(n=120, seed=2, prefix="u", signal=0.5)
+    grids = {"lr": {"grid": {"C": [1e-4, 1.0, 100.0]}}, "dt": {"grid": {"max_depth": [1, 3], "min_samples_leaf": [1]}},
+             "rf": {"grid": {"n_estimators": [20], "max_depth": [2, None]}}}
+    fitted = expert_ml.fit_kinds(shadow, ["lr", "dt", "rf"], [0, 1], grids, storage_path=tmp_path)
+    data = {"x": expert_ml.expert_means(shadow), "y": shadow.column(C.MEMBER).to_numpy(),
+            "keys": expert_ml.task_keys(shadow), "val_share": expert_ml.VAL_SHARE}
+    for kind, dets in fitted.items():
+        for seed, det in zip([0, 1], dets):
+            trials = det.info["trials"]
+            assert len(trials) == det.info["n_configs"] > 1  # really a search
+            assert {t["params"]["kind"] for t in trials} == {kind}
+            # every reported validation AUC is what that grid point scores on this seed's shadow split
+            for t in trials:
+                assert t["val_auc"] == pytest.approx(expert_ml.fit_eval(t["params"], seed, data))
+            best = max(t["val_auc"] for t in trials)
+            assert det.info["val_auc"] == best
+            chosen = [t for t in trials if t["val_auc"] == best][0]["params"]
+            assert {**det.info["chosen"], "kind": kind} == chosen
+            th = det.threshold(shadow)
+            assert "validation split" in th["chosen_on"] and th["n_pos"] + th["n_neg"] < 120
+            assert roc_auc_score(target.column(C.MEMBER).to_numpy(), det.score(target)) > 0.7
+    assert len(list(tmp_path.iterdir())) == 1  # one Tune run for all three models and both seeds
+
+
+def test_evaluate_detectors_over_the_registry(ray_local, tmp_path):
+    from leakray.pipelines.detectors import SCORES_SCHEMA, evaluate_detectors, scores_to_dict
+
+    sch = collection_schema()
+    shadow = rich_collection(n=120, seed=1, signal=0.5)
+    target = rich_collection(n=100, seed=2, prefix="u", signal=0.5)
+    # a backend that could not fill the reference-model column: all-null in both
+    for name in ("shadow", "target"):
+        t = locals()[name]
+        i = t.schema.get_field_index(C.REFMODEL_TOKEN_LOGPROBS)
+        t = t.set_column(i, sch.field(C.REFMODEL_TOKEN_LOGPROBS), pa.nulls(t.num_rows, sch.field(
+            C.REFMODEL_TOKEN_LOGPROBS).type))
+        if name == "shadow":
+            shadow = t
+        else:
+            target = t
+    names = ["cgmia", "min_k", "ref_calibrated", "cdd", "nb", "lr", "codemi"]
+    res = evaluate_detectors(shadow, target, CGMIAConfig(epochs=8, expert_proj_dim=32, hidden=(16,), lr=1e-3,
+                                                         batch_size=16),
+                             seeds=[0, 1], detectors=names, bootstrap=0,
+                             detector_params={"lr": {"grid": {"C": [0.1, 10.0]}}},
+                             storage_path=tmp_path, save_dir=tmp_path / "saved")
+    assert res["detectors"] == names
+    assert res["skipped"] == {"ref_calibrated": "column 'refmodel_token_logprobs' is empty (the sampling "
+                                                "backend could not fill it)"}
+    assert set(res["median"]) == set(names) - {"ref_calibrated"}
+    for name in res["median"]:
+        cost = res["costs"][name]
+        assert cost["wall_s"] > 0 and cost["py_peak_mb"] >= 0 and cost["maxrss_delta_mb"] >= 0
+        assert res["median"][name]["auc"] > 0.6, name
+    assert res["costs"]["nb"]["shared_run"] == ["nb", "lr"] and res["costs"]["lr"]["trial_s"] > 0
+    assert len(res["per_seed"]["min_k"]) == 1 and len(res["per_seed"]["lr"]) == 2
+    assert res["thresholds"]["min_k"]["chosen_on"] == "shadow"
+    assert "validation split" in res["thresholds"]["codemi"]["chosen_on"]
+    assert "out-of-fold" in res["thresholds"]["cgmia"]["chosen_on"]
+    assert res["details"]["lr"][0]["n_configs"] == 2
+    t = res["scores"]
+    assert t.schema == SCORES_SCHEMA and t.num_rows == 100 * (2 + 1 + 1 + 2 + 2 + 2)
+    assert sorted(p.name for p in (tmp_path / "saved").iterdir())[:3] == ["cdd", "cgmia-seed0", "cgmia-seed1"]
+    import json
+    json.dumps(scores_to_dict(res))
+
+
+def test_expert_ablation_covers_all_sixteen_subsets():
+    from leakray.pipelines.detectors import expert_subsets, run_expert_ablation
+
+    masks = expert_subsets()
+    assert len(set(masks)) == 16 and masks[0] == (True,) * 4 and masks[-1] == (False,) * 4
+    shadow = rich_collection(n=60, seed=1)
+    target = rich_collection(n=40, seed=2, prefix="u")
+    out = run_expert_ablation(shadow, target, CGMIAConfig(epochs=2, expert_proj_dim=16, hidden=(8,), lr=1e-3),
+                              seeds=[0], threshold_folds=2)
+    assert len(out) == 16 and out[-1]["label"] == "none (semantic only)"
+    assert [o["label"] for o in out if o["without_pass_only"]] == ["perplexity+codebleu+edit_distance"]
+    assert all(0 <= o["median"]["auc"] <= 1 for o in out)
