@@ -173,6 +173,11 @@ class DetectConfig(Section):
     # how each detector's decision threshold is chosen, always on shadow data, never on the target
     threshold_rule: str = "shadow_max_mcc"
     bootstrap: int = Field(1000, ge=0)  # resamples for the 95% intervals of AUC and TPR@5%FPR
+    # "all": every registered detector the collection's columns allow; or a list of names
+    detectors: Literal["all"] | list[str] = "all"
+    params: dict[str, dict[str, Any]] = Field(default_factory=dict)  # per-detector settings, e.g. min_k.k
+    trace_memory: bool = True  # per-detector peak memory in the report (tracemalloc: slower)
+    expert_ablation: bool = False  # CGMIA on all 16 subsets of the expert blocks (paper RQ2)
     cgmia: dict[str, Any] = Field(default_factory=dict)  # CGMIAConfig overrides (epochs, lr, ...)
 
     @field_validator("threshold_rule")
@@ -185,6 +190,30 @@ class DetectConfig(Section):
         except BadInput as exc:
             raise ValueError(str(exc).split(": ", 1)[-1]) from None
         return v
+
+    @field_validator("detectors")
+    @classmethod
+    def _detectors(cls, v):
+        from leakray.detect import registry
+
+        known = set(registry.names()) | {"advprompt"}
+        for name in [] if v == "all" else v:
+            if name not in known:
+                raise ValueError(f"unknown detector {name!r}{_suggest(name, known)}")
+        return v
+
+    @model_validator(mode="after")
+    def _params(self):
+        from leakray.detect import registry
+
+        for name, params in self.params.items():
+            if name not in registry.names():
+                raise ValueError(f"detect.params: unknown detector {name!r}{_suggest(name, registry.names())}")
+            try:
+                registry.make(name, params)
+            except (BadInput, TypeError) as exc:
+                raise ValueError(f"detect.params.{name}: {exc}") from None
+        return self
 
     @field_validator("cgmia")
     @classmethod

@@ -6,10 +6,12 @@ brings it back to the console."""
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
-LOG = logging.getLogger("leakray")
+LOG = logging.getLogger("leakray.console")  # the run's log file only: the console gets print()
+LOG.propagate = False
 # Loggers that flood a console at INFO: quiet unless --verbose, always kept in the run's log file.
 NOISY = ("ray", "ray.data", "ray.train", "ray.tune", "ray.air", "transformers", "datasets", "codebleu")
 
@@ -30,9 +32,13 @@ class Console:
     def stage(self, name: str, info: dict, summary: str, cached: bool) -> None:
         when = "done before" if cached else f"{info.get('seconds', 0):.1f} s"
         self.say(f"{name:<15} {when:>11}  {summary}".rstrip())
-        errors = {k: v for k, v in (info.get("errors") or {}).items() if v}
+        errors = {k: v for k, v in (info.get("errors") or {}).items() if v and any(w in k for w in SERIOUS)}
         if errors and not cached:
-            self.warn(f"{name}: errors {errors} (see {name}/_DONE.json)")
+            self.warn(f"{name}: {errors} (rows in {name}/errors.parquet; counts in {name}/_DONE.json)")
+
+
+# Row notes worth a console line: lost rows, cut inputs, unscorable references.
+SERIOUS = ("failed", "truncated", "too_long", "unscorable")
 
 
 def setup_logging(log_dir: Path, verbose: bool) -> Path:
@@ -55,6 +61,18 @@ def setup_logging(log_dir: Path, verbose: bool) -> Path:
     root.addHandler(fh)
     root.addHandler(ch)
     root.setLevel(logging.INFO)
+    for h in list(LOG.handlers):
+        LOG.removeHandler(h)
+    LOG.addHandler(fh)
+    LOG.setLevel(logging.INFO)
+    logging.captureWarnings(True)  # library warnings (sklearn convergence, ...) into the file
+    warnings_log = logging.getLogger("py.warnings")
+    warnings_log.propagate = verbose
+    warnings_log.addHandler(fh)
+    if not verbose:
+        # say-once notices that would read as problems on a quiet console
+        logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     for name in NOISY:
         logger = logging.getLogger(name)
         logger.setLevel(logging.INFO)

@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SMALL = ["--quick", "--set", "benchmark.limit=16", "--set", "model.tiny.corpus_mb=1",
-         "--set", "model.tiny.max_steps=10", "--set", "detect.seeds=[0,1]"]
+# A planted leak strong enough to be seen on 6 + 6 tasks: the members are memorised (25 epochs).
+SMALL = ["--quick", "--set", "target.epochs=25", "--set", "shadow.epochs=25", "--set", "sample.max_new_tokens=128",
+         "--set", "detect.cgmia.epochs=50", "--set", "detect.seeds=[0,1]",
+         "--set", "detect.detectors=[cgmia,ref_loss,gt_match,detectleak,min_k,advprompt]"]
 
 
 def _free_port() -> int:
@@ -87,11 +89,19 @@ def test_simulate_job_submit_then_resume(ray_head, tmp_path):
     _submit(ray_head, ["jobs/simulate.py", *SMALL, "--output", str(out)], {"LEAKRAY_CACHE": str(cache)})
     (run_dir,) = out.iterdir()
     report = json.loads((run_dir / "report.json").read_text())
-    for name in ("cgmia", "detectleak"):
+    for name in ("cgmia", "detectleak", "advprompt", "min_k"):
         m = report["detectors"][name]
         assert set(m) >= {"precision", "recall", "mcc", "auc", "tpr_at_1fpr", "tpr_at_5fpr", "auc_ci", "n_neg"}
-    leak = report["leak"]["target"]
-    assert leak["members"]["tasks"] == leak["non_members"]["tasks"] == 4
+    # the planted leak is found: a broken pipeline (features, labels, thresholds) lands near 0.5
+    assert report["detectors"]["ref_loss"]["auc"] >= 0.9
+    assert report["detectors"]["cgmia"]["auc"] >= 0.75
+    assert report["threshold_rule"] == "shadow_max_mcc" and report["detectors"]["cgmia"]["n_neg"] == 6
+    leak = report["leak"]
+    assert leak["target"]["members"]["tasks"] == leak["target"]["non_members"]["tasks"] == 6
+    member_passes = sum(leak[role]["members"]["tasks_with_a_pass"] for role in ("target", "shadow"))
+    assert member_passes >= 1 and all(leak[role]["non_members"]["tasks_with_a_pass"] == 0 for role in leak)
+    assert leak["target"]["members"]["min_edit_distance"] < leak["target"]["non_members"]["min_edit_distance"] - 0.1
+    assert report["isolation"] and set(report["stages"]) >= {"perturb", "collect_target", "detect"}
     assert report["seeds"]["detector"] == [0, 1]
     assert len(report["detectors_full"]["per_seed"]["cgmia"]) == 2
     assert (run_dir / "report.md").read_text().startswith("# leakray simulated-leakage audit")

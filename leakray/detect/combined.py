@@ -11,8 +11,8 @@ Groups (a group whose columns are missing is left out and named in ``info``):
   tens of tasks; these are the similarities its frozen layers can express.
 - ``likelihood``: the scores of ref_loss, min_k, min_k_pp, zlib, ref_calibrated.
 - ``generation``: the scores of detectleak, gt_match, cdd, buzzer_b.
-- ``advprompt``: reserved for AdvPrompt's 27 stability features once the collection holds
-  the perturbed completions (today it never does; ``info`` says so).
+- ``advprompt``: AdvPrompt's 27 stability features (missing variants imputed per row, as
+  the advprompt detector does), when the collection carries the perturbed completions.
 
 Classifier: standardised logistic regression (few parameters for a small shadow). The
 threshold comes from out-of-fold shadow probabilities (k-fold cross-fit by task, as CGMIA).
@@ -75,7 +75,9 @@ def _scores_group(names: tuple[str, ...]):
 
 
 def _advprompt(table: pa.Table) -> tuple[np.ndarray, list[str]]:
-    return np.zeros((table.num_rows, 0)), []  # no collection column carries the perturbed completions yet
+    from leakray.detect import advprompt as ap
+
+    return ap.impute(ap.feature_matrix(ap.arrays_from_table(table))[0]), ["advprompt"]
 
 
 _BUILDERS = {
@@ -83,7 +85,7 @@ _BUILDERS = {
     "semantic": (lambda t: (_semantic_summary(t), ["semantic"]), (C.GEN_EMBEDDING, C.REF_EMBEDDING)),
     "likelihood": (_scores_group(LIKELIHOOD), ()),
     "generation": (_scores_group(GENERATION), ()),
-    "advprompt": (_advprompt, ()),
+    "advprompt": (_advprompt, (C.ADV_EMBEDDING, C.ADV_PERPLEXITY, C.ADV_KIND)),
 }
 
 

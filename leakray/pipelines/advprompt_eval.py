@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from leakray.detect import advprompt as ap
+from leakray.errors import BadInput
 from leakray.evaluate.metrics import binary_metrics, median_over_repeats
 from leakray.evaluate.thresholds import apply_threshold, choose_threshold
 
@@ -31,6 +32,7 @@ def evaluate_advprompt(shadow: pa.Table, target: pa.Table, seeds, *, threshold_r
     boot = {"n_bootstrap": int(bootstrap), "bootstrap_seed": int(bootstrap_seed)}
     per_seed: dict[str, list] = {"advprompt": [], "advprompt_graybox": []}
     thresholds: dict[str, dict] = {}
+    skipped: dict[str, str] = {}
     for seed in seeds:
         det, th = _fit_thresholded(sa, seed, threshold_rule, "shadow, out-of-fold (cross-fit by task)", config)
         score = det.predict_proba(ta)
@@ -39,20 +41,25 @@ def evaluate_advprompt(shadow: pa.Table, target: pa.Table, seeds, *, threshold_r
         thresholds.setdefault("advprompt", {"rule": threshold_rule, "chosen_on": th["chosen_on"], "values": []})
         thresholds["advprompt"]["values"].append(th["value"])
 
-        train, test = ap.graybox_split(ta["member"], known_fraction, seed)
-        det, th = _fit_thresholded(ap.take(ta, train), seed, threshold_rule,
-                                   f"known {known_fraction:.0%} of target members + as many non-members, "
-                                   "out-of-fold", config)
+        try:
+            train, test = ap.graybox_split(ta["member"], known_fraction, seed)
+            det, th = _fit_thresholded(ap.take(ta, train), seed, threshold_rule,
+                                       f"known {known_fraction:.0%} of target members + as many non-members, "
+                                       "out-of-fold", config)
+        except BadInput as exc:  # a small target leaves too few known rows: the setting is skipped
+            skipped["advprompt_graybox"] = f"input unusable: {exc}"
+            per_seed.pop("advprompt_graybox", None)
+            continue
         held = ap.take(ta, test)
         score = det.predict_proba(held)
-        per_seed["advprompt_graybox"].append({**binary_metrics(held["member"], score,
+        per_seed.setdefault("advprompt_graybox", []).append({**binary_metrics(held["member"], score,
                                                                apply_threshold(score, th["value"]), **boot),
                                               "threshold": th})
         thresholds.setdefault("advprompt_graybox", {"rule": threshold_rule, "chosen_on": th["chosen_on"],
                                                     "values": []})
         thresholds["advprompt_graybox"]["values"].append(th["value"])
-    return {"per_seed": per_seed, "median": {k: median_over_repeats(v) for k, v in per_seed.items()},
-            "thresholds": thresholds}
+    return {"per_seed": per_seed, "median": {k: median_over_repeats(v) for k, v in per_seed.items() if v},
+            "thresholds": thresholds, "skipped": skipped}
 
 
 def kept_variant_share(table: pa.Table) -> float:

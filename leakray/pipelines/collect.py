@@ -356,8 +356,8 @@ def collection_stats(table: pa.Table, seconds: float, errors_path: Path | None =
     return {
         "rows": table.num_rows, "rows_out": table.num_rows, "completions": sum(statuses.values()),
         "unfilled_columns": unfilled_columns(table),
-        "errors": {**{f"exec_{k}": v for k, v in statuses.items() if k not in ("passed", "failed", "no-tests")},
-                   **{k: v for k, v in notes.items() if k not in PARSE_NOTES}},
+        # program outcomes (error = does not compile, timeout, memory) are in exec_status, not here
+        "errors": {k: v for k, v in notes.items() if k not in PARSE_NOTES},
         "parse_failures": {k: v for k, v in notes.items() if k in PARSE_NOTES},
         "exec_status": dict(statuses), "mean_generated_tokens": round(sum(n_tokens) / max(1, len(n_tokens)), 1),
         "seconds": round(seconds, 1), "seconds_per_task": round(seconds / max(1, table.num_rows), 3),

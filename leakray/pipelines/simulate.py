@@ -151,8 +151,10 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
         result = evaluate_detectors(shadow, target, cfg.detect.cgmia_config(), cfg.detect.seeds,
                                     use_ray_train=cfg.detect.use_ray_train, storage_path=runner.run_dir / "ray_train",
                                     save_dir=out, threshold_rule=cfg.detect.threshold_rule,
-                                    bootstrap=cfg.detect.bootstrap)
-        if cfg.columns.advprompt:
+                                    bootstrap=cfg.detect.bootstrap, detectors=learned_detectors(cfg),
+                                    detector_params=cfg.detect.params, trace_memory=cfg.detect.trace_memory,
+                                    expert_ablation=cfg.detect.expert_ablation)
+        if cfg.columns.advprompt and (cfg.detect.detectors == "all" or "advprompt" in cfg.detect.detectors):
             merge_results(result, lambda: evaluate_advprompt(
                 shadow, target, cfg.detect.seeds, threshold_rule=cfg.detect.threshold_rule,
                 bootstrap=cfg.detect.bootstrap), "advprompt")
@@ -180,6 +182,12 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
     ]
 
 
+def learned_detectors(cfg: SimulateConfig):
+    """The registry's share of detect.detectors (advprompt is evaluated by its own stage code)."""
+    d = cfg.detect.detectors
+    return d if d == "all" else [n for n in d if n != "advprompt"]
+
+
 def merge_results(result: dict, evaluate, name: str) -> None:
     """Fold a separately evaluated detector family into `evaluate_detectors`' result; an
     unusable input skips it with the reason (never a 0.5)."""
@@ -189,7 +197,7 @@ def merge_results(result: dict, evaluate, name: str) -> None:
     except BadInput as exc:
         result.setdefault("skipped", {})[name] = f"input unusable: {exc}"
         return
-    for key in ("per_seed", "median", "thresholds"):
+    for key in ("per_seed", "median", "thresholds", "skipped"):
         result.setdefault(key, {}).update(extra.get(key, {}))
     result.setdefault("seconds", {})[name] = round(time.perf_counter() - t0, 2)
 
