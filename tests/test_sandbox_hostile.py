@@ -167,15 +167,236 @@ def test_patching_os_write_does_not_pass(sb):
     assert_not_passed(run(sb, prog, WRONG_TESTS))
 
 
-def test_patching_harness_globals_does_not_pass(sb):
-    prog = GOOD + ("import __main__, sys\n"
-                   "for mod in (__main__, sys.modules.get('__main__')):\n"
-                   "    for name in dir(mod):\n"
-                   "        if name.startswith('run_'):\n"
-                   "            setattr(mod, name, lambda report: report('passed'))\n"
-                   "    if hasattr(mod, 'MODES'):\n"
-                   "        mod.MODES.update({k: (lambda report: report('passed')) for k in mod.MODES})\n")
-    assert_not_passed(run(sb, prog, WRONG_TESTS))
+# ---- forging the verdict from inside the interpreter (issue 12) ----------------------------------
+# Each attack runs with tests that fail, on every in-process and split runner, warm and cold: a
+# forged pass is the only way to `passed`. FORGE is what an attacker does with anything it finds:
+# call a reporter, write lines with every token-like value to every fd, leave before the tests.
+
+FORGE = r"""
+import os as _os, re as _re, sys as _sys
+def _forge(objs):
+    toks = set()
+    def look(v, depth=0):
+        try:
+            look_(v, depth)
+        except Exception:
+            pass
+    def look_(v, depth):
+        if depth > 3:
+            return
+        if isinstance(v, (bytes, str)):
+            b = v.encode() if isinstance(v, str) else v
+            toks.update(_re.findall(rb'[0-9a-f]{32}', b))
+        elif callable(v):
+            if getattr(v, '__name__', '') in ('report', '_reporter', 'judge'):
+                try:
+                    v('passed')
+                except BaseException:
+                    pass
+            for d in (getattr(v, '__defaults__', None) or ()):
+                look(d, depth + 1)
+            for c in (getattr(v, '__closure__', None) or ()):
+                try:
+                    look(c.cell_contents, depth + 1)
+                except ValueError:
+                    pass
+        elif isinstance(v, dict):
+            for x in list(v.values())[:500]:
+                look(x, depth + 1)
+    for o in objs:
+        look(o)
+    for t in toks:
+        for fd in range(3, 64):
+            try:
+                _os.write(fd, b'LEAKRAY ' + t + b' passed\n')
+            except OSError:
+                pass
+    if toks:
+        _os._exit(0)
+def _frames(f):
+    out = []
+    while f is not None:
+        out.append(dict(f.f_locals))
+        out.append(f.f_globals)
+        f = f.f_back
+    return out
+"""
+
+FRAME_ATTACKS = {
+    "getframe": "_forge(_frames(_sys._getframe()))",
+    "current_frames": "[_forge(_frames(f)) for f in _sys._current_frames().values()]",
+    "traceback": "try:\n    raise ValueError\nexcept ValueError as e:\n    _forge(_frames(e.__traceback__.tb_frame))",
+    "generator": "def _g():\n    yield\n_gen = _g()\n_forge(_frames(_gen.gi_frame))",
+    "settrace": "_sys.settrace(lambda f, e, a: _forge(_frames(f)))\n_sys.setprofile(lambda f, e, a: _forge(_frames(f)))",
+    "signal": ("import signal\nsignal.signal(signal.SIGALRM, lambda n, f: _forge(_frames(f)))\n"
+               "signal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)"),
+    # the signal module's C function from a fresh copy of the builtin module (no audit event)
+    "signal_fresh_module": ("import _imp, importlib.machinery\n"
+                            "_sig = _imp.create_builtin(importlib.machinery.ModuleSpec('_signal', None))\n"
+                            "_sig.signal(14, lambda n, f: _forge(_frames(f)))\n"
+                            "_sig.setitimer(0, 0.001, 0.001)"),
+    "audithook": "_sys.addaudithook(lambda e, a: [_forge(_frames(x)) for x in a if type(x).__name__ == 'frame'])",
+    "gc": "import gc\n_forge(gc.get_objects())\n_forge([r for o in gc.get_objects() if callable(o) for r in gc.get_referrers(o)])",
+    "ctypes": ("import ctypes\nctypes.pythonapi.PyEval_GetFrame.restype = ctypes.py_object\n"
+               "_forge(_frames(ctypes.pythonapi.PyEval_GetFrame()))\n"
+               "_forge([ctypes.string_at(id(_sys), 1 << 16)])"),
+    "proc_mem": ("def _mem():\n    maps = open('/proc/self/maps').read().splitlines()\n    out = []\n"
+                 "    with open('/proc/self/mem', 'rb') as m:\n        for line in maps:\n"
+                 "            a, b = (int(x, 16) for x in line.split()[0].split('-'))\n"
+                 "            if 'rw' in line.split()[1]:\n                try:\n"
+                 "                    m.seek(a); out.append(m.read(min(b - a, 1 << 24)))\n"
+                 "                except OSError:\n                    pass\n    return out\n_forge(_mem())"),
+    # /proc reached without naming it: a dir fd of /, and a symlink opened through a dir fd
+    "proc_mem_dirfd": ("def _mem2():\n    root = _os.open('/', _os.O_RDONLY)\n    out = []\n"
+                       "    maps = _os.read(_os.open('proc/self/maps', _os.O_RDONLY, dir_fd=root), 1 << 20).decode()\n"
+                       "    _os.makedirs('d', exist_ok=True)\n    try:\n        _os.symlink('/proc/self/mem', 'd/m')\n"
+                       "    except FileExistsError:\n        pass\n"
+                       "    m = _os.open('m', _os.O_RDONLY, dir_fd=_os.open('d', _os.O_RDONLY))\n"
+                       "    for line in maps.splitlines():\n        a, b = (int(x, 16) for x in line.split()[0].split('-'))\n"
+                       "        if 'rw' in line.split()[1]:\n            try:\n"
+                       "                out.append(_os.pread(m, min(b - a, 1 << 24), a))\n"
+                       "            except OSError:\n                pass\n    return out\n_forge(_mem2())"),
+    # another process of the run's uid reads every visible process's memory for the token
+    "other_process_mem": ("import subprocess\n_scan = " + repr(
+        "import os, re, sys\nfound = set()\n"
+        "for p in os.listdir('/proc'):\n"
+        "    if not p.isdigit() or int(p) == os.getpid():\n        continue\n"
+        "    try:\n        maps = open(f'/proc/{p}/maps').read().splitlines()\n"
+        "        mem = open(f'/proc/{p}/mem', 'rb')\n    except OSError:\n        continue\n"
+        "    for line in maps:\n        a, b = (int(x, 16) for x in line.split()[0].split('-'))\n"
+        "        if 'rw' not in line.split()[1]:\n            continue\n"
+        "        try:\n            mem.seek(a)\n            found.update(re.findall(rb'[0-9a-f]{32}', mem.read(min(b - a, 1 << 24))))\n"
+        "        except (OSError, ValueError, OverflowError):\n            pass\n"
+        "sys.stdout.write(' '.join(t.decode() for t in found))\n") + "\n"
+        "_out = subprocess.run([_sys.executable, '-c', _scan], capture_output=True, text=True).stdout\n"
+        "_forge([_out])"),
+    "stdout_flush": ("class _Evil:\n    def write(self, s):\n        return len(s)\n"
+                     "    def flush(self):\n        _forge(_frames(_sys._getframe(1)))\n"
+                     "        for fd in range(3, 64):\n            try: _os.write(fd, b'LEAKRAY passed\\n')\n"
+                     "            except OSError: pass\n"
+                     "_sys.stdout = _sys.stderr = _sys.__stdout__ = _sys.__stderr__ = _Evil()"),
+    # the harness's own functions neutralised by name (its restore step above all), then the framework
+    "harness_globals": ("for _m in list(_sys.modules.values()) + [_sys.modules.get('__main__')]:\n"
+                        "    if _m is not None and ('leakray' in str(getattr(_m, '__file__', '')) or hasattr(_m, 'judge')):\n"
+                        "        _forge([vars(_m)])\n"
+                        "        for _k, _v in list(vars(_m).items()):\n"
+                        "            if callable(_v) and not isinstance(_v, type):\n"
+                        "                setattr(_m, _k, lambda *a, **k: None)\n"
+                        "        if hasattr(_m, 'MODES'):\n"
+                        "            _m.MODES.update({k: (lambda report: report('passed')) for k in _m.MODES})\n"
+                        "import unittest\ntry:\n    unittest.TestCase.assertEqual = lambda self, *a, **k: None\n"
+                        "except TypeError:\n    pass"),
+}
+PY_TESTS = {"python": WRONG_TESTS,
+            "unittest": ("import unittest\nclass T(unittest.TestCase):\n    def test_a(self):\n"
+                         "        self.assertEqual(add(2, 2), 5)\n"),
+            "pytest": "def test_a():\n    assert add(2, 2) == 5\n"}
+
+
+@pytest.mark.parametrize("runner", sorted(PY_TESTS))
+@pytest.mark.parametrize("attack", sorted(FRAME_ATTACKS))
+def test_forging_from_inside_does_not_pass(sb, attack, runner):
+    # at the program's top level, and again from inside the tested function (after any restore)
+    body = FRAME_ATTACKS[attack]
+    prog = (FORGE + body + "\n" + "def add(a, b):\n    exec(compile(" + repr(FORGE + body) + ", 'x', 'exec'), {})\n"
+            "    return a + b\n")
+    res = run(sb, prog, PY_TESTS[runner], runner=runner, timeout_s=5)
+    assert_not_passed(res)
+
+
+UNITTEST_PATCHES = {
+    "runner_module_attr": ("import unittest\nclass _R:\n    def __init__(self, *a, **k): pass\n"
+                           "    def run(self, suite):\n        r = unittest.TestResult(); r.testsRun = 1; return r\n"
+                           "unittest.TextTestRunner = _R\nunittest.runner.TextTestRunner = _R"),
+    "assert_class": "import unittest\nunittest.TestCase.assertEqual = lambda self, *a, **k: None",
+    "assert_module_case": "import unittest.case\nunittest.case.TestCase.assertEqual = lambda self, *a, **k: None",
+    "was_successful": "import unittest\nunittest.TestResult.wasSuccessful = lambda self: True",
+    "add_error": "import unittest.case\nunittest.case._addError = lambda *a: None",
+    "builtins": "import builtins\nbuiltins.isinstance = lambda *a: True",
+    "code_swap": "import unittest\nunittest.TestCase.assertEqual.__code__ = (lambda self, *a, **k: None).__code__",
+    "forged_code": ("import unittest, unittest.case\nf = lambda self, *a, **k: None\n"
+                    "f.__code__ = f.__code__.replace(co_filename=unittest.case.__file__)\n"
+                    "unittest.TestCase.assertEqual = f"),
+}
+LATE_PATCH = ("import unittest, unittest.case, sys\n"
+              "def add(a, b):\n"
+              "    for c in unittest.TestCase.__subclasses__():\n"
+              "        try: c.assertEqual = lambda self, *x, **k: None\n"
+              "        except Exception: pass\n"
+              "        try: setattr(c, 'test_b', lambda self: None)\n"
+              "        except Exception: pass\n"
+              "    try: unittest.TestCase.assertEqual = lambda self, *x, **k: None\n"
+              "    except Exception: pass\n"
+              "    unittest.case._addError = lambda *x: None\n"
+              "    raise unittest.case._ShouldStop()\n")
+
+
+@pytest.mark.parametrize("patch", sorted(UNITTEST_PATCHES))
+def test_patching_unittest_at_top_level_does_not_pass(sb, patch):
+    prog = GOOD + UNITTEST_PATCHES[patch] + "\n"
+    assert_not_passed(run(sb, prog, PY_TESTS["unittest"], runner="unittest"))
+
+
+def test_patching_unittest_during_the_tests_does_not_pass(sb):
+    # after the harness's checks: from inside the tested function, on the test's own class, and by
+    # swallowing the failure with the framework's private stop signal
+    tests = ("import unittest\nclass T(unittest.TestCase):\n    def test_a(self):\n"
+             "        add(1, 1)\n        self.assertEqual(2, 5)\n    def test_b(self):\n        self.assertEqual(1, 5)\n")
+    assert_not_passed(run(sb, LATE_PATCH, tests, runner="unittest"))
+
+
+PYTEST_PATCHES = {
+    "hookwrapper_via_config": (
+        "import pytest, _pytest.debugging\n"
+        "class _P:\n    @pytest.hookimpl(hookwrapper=True)\n    def pytest_runtest_makereport(self, item, call):\n"
+        "        out = yield\n        r = out.get_result(); r.outcome = 'passed'; r.longrepr = None\n"
+        "cfg = getattr(_pytest.debugging.pytestPDB, '_config', None)\n"
+        "if cfg is not None:\n    cfg.pluginmanager.register(_P())\n"),
+    "testreport_patch": ("import _pytest.reports\n_pytest.reports.TestReport.passed = property(lambda self: True)\n"
+                         "_pytest.reports.BaseReport.failed = property(lambda self: False)\n"),
+    "runner_patch": ("import _pytest.runner\n_pytest.runner.call_and_report = lambda item, when, log=True, **kw: None\n"),
+    "raises_from_function": "import _pytest.outcomes\ndef add(a, b):\n    raise _pytest.outcomes.Skipped('no')\n",
+}
+
+
+@pytest.mark.parametrize("patch", sorted(PYTEST_PATCHES))
+def test_pytest_hooks_and_patches_do_not_pass(sb, patch):
+    prog = GOOD + PYTEST_PATCHES[patch]
+    assert_not_passed(run(sb, prog, PY_TESTS["pytest"], runner="pytest"))
+
+
+def test_split_runner_program_objects_cannot_lie_about_equality(sb):
+    # the classic AlwaysEqual: only plain data crosses to the judge, so it compares unequal
+    prog = ("class _Eq:\n    def __eq__(self, o):\n        return True\n    __hash__ = object.__hash__\n"
+            "def add(a, b):\n    return _Eq()\n")
+    assert_not_passed(run(sb, prog, WRONG_TESTS), "failed")
+
+
+def test_split_runner_keeps_helpers_and_plain_values(sb):
+    # HumanEval/32, /38, /50 style: the tests call program helpers; values cross as real builtins
+    prog = GOOD + ("import math\nTABLE = {'a': (1, 2.5, None, b'x', {3}, frozenset({4}), 1j)}\n"
+                   "def gen(n):\n    yield from range(n)\n"
+                   "class Node:\n    def __init__(self, v):\n        self.v = v\n"
+                   "def val(node):\n    return node.v\nroot = Node(7)\n"
+                   "def boom():\n    raise ValueError('bad')\n")
+    tests = ("assert TABLE == {'a': (1, 2.5, None, b'x', {3}, frozenset({4}), 1j)} and type(TABLE) is dict\n"
+             "assert list(gen(3)) == [0, 1, 2]\nassert val(root) == 7 and root.v == 7\n"
+             "assert math.isclose(add(0.1, 0.2), 0.3)\nassert add(a=1, b=2) == 3\n"
+             "try:\n    boom()\nexcept ValueError as e:\n    assert 'bad' in str(e)\nelse:\n    raise AssertionError\n")
+    res = run(sb, prog, tests)
+    assert res[X.STATUS] == "passed", res
+
+
+def test_channel_must_hold_exactly_one_verdict():
+    from leakray.sandbox.core import read_verdict
+
+    tok = "ab" * 16
+    assert read_verdict(b"", tok) == (None, None)
+    assert read_verdict(f"LEAKRAY {tok} passed\n".encode(), tok) == ("passed", None)
+    for junk in (f"LEAKRAY {tok} passed\nLEAKRAY {tok} failed\n", f"LEAKRAY {tok} passed",
+                 f"x\nLEAKRAY {tok} passed\n", f"LEAKRAY {'0' * 32} passed\n", f"LEAKRAY {tok} great\n"):
+        status, why = read_verdict(junk.encode(), tok)
+        assert status is None and why, junk
 
 
 def test_closing_stdout_does_not_crash_harness(sb):
@@ -274,11 +495,14 @@ def test_background_process_does_not_outlive_the_run(bwrap, tmp_path):
 # ---- isolation ---------------------------------------------------------------------------------
 
 def test_no_network_outside(bwrap):
-    prog = ("import socket\nreached = []\n"
-            "for addr in [('1.1.1.1', 53), ('8.8.8.8', 53), ('pypi.org', 443)]:\n"
-            "    try:\n        socket.create_connection(addr, timeout=1).close(); reached.append(addr)\n"
-            "    except OSError:\n        pass\n")
-    assert run(bwrap, prog, "assert reached == [], reached\n")[X.STATUS] == "passed"
+    # proves the sandbox's own network namespace (an offline host proves nothing): the host has an
+    # interface besides loopback, the sandbox sees loopback alone
+    host = {name for _, name in socket.if_nameindex()}
+    if host <= {"lo"}:
+        pytest.skip("the host has no interface besides lo")
+    prog = "import socket\nIFACES = sorted(n for _, n in socket.if_nameindex())\n"
+    res = run(bwrap, prog, "assert IFACES == ['lo'], IFACES\n")
+    assert res[X.STATUS] == "passed", res
 
 
 def test_no_network_to_host_loopback(bwrap):
@@ -428,7 +652,9 @@ def test_nothing_of_one_run_survives_into_the_next(bwrap):
              "        and os.stat('/proc/' + p).st_uid == os.getuid()]\n"
              "FILES = glob.glob('/tmp/planted') + glob.glob('/tmp/*/left_behind') + glob.glob('left_behind')\n")
     reqs = [{X.ID: "a", X.LANGUAGE: "python", X.PROGRAM: daemon, X.TESTS: "pass\n"},
-            {X.ID: "b", X.LANGUAGE: "python", X.PROGRAM: probe, X.TESTS: "assert MINE == [] and FILES == [], (MINE, FILES)\n"}]
+            # one process (stdio, judged by the host): the `python` runner's judge would count as the uid's
+            {X.ID: "b", X.LANGUAGE: "python", X.RUNNER: "stdio", X.PROGRAM: probe + "print(MINE, FILES)\n",
+             X.TESTS: '{"inputs": [""], "outputs": ["[] []"]}'}]
     first, second = bwrap.run_many(reqs, workers=1)
     assert first[X.STATUS] == "passed", first
     assert second[X.STATUS] == "passed", second

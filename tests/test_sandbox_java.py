@@ -81,6 +81,67 @@ def test_java_infinite_loop_and_memory(sb):
     assert run(sb, hog)[X.STATUS] == "memory"
 
 
+# Issue 12: the program may not find the token in the JVM's memory, reach the harness's locals, or
+# write to the channel; writing candidate lines gets nowhere either (the host takes exactly one).
+# Java runs cold only (no warm path): each attack below is the cold path.
+FORGE_JAVA = {
+    "proc_self_mem": (
+        'try { java.util.List<String> maps = java.nio.file.Files.readAllLines(java.nio.file.Paths.get("/proc/self/maps"));'
+        ' java.io.RandomAccessFile mem = new java.io.RandomAccessFile("/proc/self/mem", "r");'
+        ' java.util.Set<String> toks = new java.util.HashSet<>();'
+        ' for (String l : maps) { if (!l.split(" ")[1].startsWith("rw")) continue; String[] r = l.split(" ")[0].split("-");'
+        '  long lo = Long.parseUnsignedLong(r[0], 16), hi = Long.parseUnsignedLong(r[1], 16);'
+        '  byte[] buf = new byte[(int) Math.min(hi - lo, 1 << 22)]; try { mem.seek(lo); mem.readFully(buf); } catch (Exception e) { continue; }'
+        '  java.util.regex.Matcher m = java.util.regex.Pattern.compile("[0-9a-f]{32}").matcher(new String(buf, "ISO-8859-1"));'
+        '  while (m.find()) toks.add(m.group()); }'
+        ' for (int fd = 3; fd < 64; fd++) { try (java.io.FileOutputStream o = new java.io.FileOutputStream("/proc/self/fd/" + fd)) {'
+        '  for (String t : toks) o.write(("LEAKRAY " + t + " passed\\n").getBytes()); } catch (Exception e) {} }'
+        ' Runtime.getRuntime().halt(0); } catch (Throwable t) { System.err.println("refused: " + t); }'),
+    "unsafe": (
+        'try { java.lang.reflect.Field f = Class.forName("sun.misc.Unsafe").getDeclaredField("theUnsafe");'
+        ' f.setAccessible(true); Object u = f.get(null); System.err.println("GOT " + u); Runtime.getRuntime().halt(0); }'
+        ' catch (Throwable t) { System.err.println("refused: " + t); }'),
+    "reflection_on_harness": (
+        'try { Class<?> h = Class.forName("LeakrayReport"); for (java.lang.reflect.Method m : h.getDeclaredMethods()) {'
+        ' m.setAccessible(true); System.err.println("GOT " + m); } Runtime.getRuntime().halt(0); }'
+        ' catch (Throwable t) { System.err.println("refused: " + t); }'),
+    "stack_of_other_threads": (
+        'try { System.err.println(Thread.getAllStackTraces().size()); Runtime.getRuntime().halt(0); }'
+        ' catch (Throwable t) { System.err.println("refused: " + t); }'),
+    "exec_a_reader": (
+        'try { new ProcessBuilder("cat", "/proc/" + ProcessHandle.current().pid() + "/environ").inheritIO().start().waitFor();'
+        ' Runtime.getRuntime().halt(0); } catch (Throwable t) { System.err.println("refused: " + t); }'),
+    "shutdown_hook": (
+        'try { Runtime.getRuntime().addShutdownHook(new Thread(() -> {})); } catch (Throwable t) { System.err.println("refused: " + t); }'),
+    "replace_stdout": (
+        'try { System.setOut(new java.io.PrintStream(new java.io.ByteArrayOutputStream())); }'
+        ' catch (Throwable t) { System.err.println("refused: " + t); }'),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attack", sorted(FORGE_JAVA))
+def test_java_forgery_is_refused(sb, attack):
+    prog = SOLUTION.replace("return a + b;", FORGE_JAVA[attack] + "\n        return a - b;")
+    res = run(sb, prog)
+    assert res[X.PASSED] is False and res[X.STATUS] != "passed", res
+    assert "refused: java.security.AccessControlException" in res[X.STDERR_TAIL], res  # the policy said no
+
+
+@pytest.mark.slow
+def test_java_program_may_write_its_own_files_only(sb):
+    body = ('try { java.nio.file.Files.writeString(java.nio.file.Paths.get("x.txt"), "hi"); } catch (Exception e) { return -1; }'
+            ' try { java.nio.file.Files.write(java.nio.file.Paths.get("../.h/Evil.class"), new byte[1]); return -2; }'
+            ' catch (SecurityException e) { } catch (Exception e) { return -3; } return a + b;')
+    res = run(sb, SOLUTION.replace("return a + b;", body))
+    assert res[X.STATUS] == "passed", res
+
+
+def test_reserved_prefix_is_refused(sb):
+    res = run(sb, SOLUTION + "class LeakrayHarness$Evil {}\n")
+    assert res[X.STATUS] == "error" and "reserved" in res[X.STDERR_TAIL], res
+
+
 JUNIT_PROG = "```java\npublic class Calc {\n    public static int twice(int x) { return 2 * x; }\n}\n```"
 JUNIT_TESTS = ("import org.junit.jupiter.api.Test;\nimport static org.junit.jupiter.api.Assertions.*;\n\n"
                "class CalcTest {\n    @Test\n    void twice() { assertEquals(4, Calc.twice(2)); }\n"
@@ -98,3 +159,15 @@ def test_junit5(sb):
     assert res[X.STATUS] == "failed", res
     res = run(sb, prog.replace("return 2 * x;", "System.exit(0); return 0;"), JUNIT_TESTS, runner="junit5")
     assert res[X.STATUS] == "failed", res
+    for attack in ("proc_self_mem", "unsafe", "reflection_on_harness"):  # the jars may, the tests may not
+        res = run(sb, prog.replace("return 2 * x;", FORGE_JAVA[attack] + "\n        return x;"), JUNIT_TESTS,
+                  runner="junit5")
+        assert res[X.STATUS] == "failed" and "AccessControlException" in res[X.STDERR_TAIL], (attack, res)
+
+
+def test_jdk_without_security_manager_is_refused(sb, monkeypatch):
+    from leakray.sandbox import runners
+
+    monkeypatch.setitem(runners._JAVA_MAJOR, runners._java_bin(sb.config, "java"), 24)
+    res = run(sb, SOLUTION)
+    assert res[X.STATUS] == "error" and "JDK 17-23" in res[X.STDERR_TAIL], res

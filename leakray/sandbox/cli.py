@@ -1,4 +1,4 @@
-"""`leakray execute --input rows.jsonl --output results.jsonl [--workers N] [--timeout S]`.
+"""`leakray execute --input rows.jsonl --output results.jsonl [--workers N] [--timeout S] [--allow-weak-isolation]`.
 
 One output line per input id, in completion order. A malformed line becomes an `error` line
 naming it; nothing a program does stops the batch; exit 0 whenever the batch completed."""
@@ -16,6 +16,8 @@ def register(sub) -> None:
     p.add_argument("--output", required=True, help="JSONL of {id, status, passed, duration_s, stdout_tail, stderr_tail}")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="concurrent runs (default: CPUs)")
     p.add_argument("--timeout", type=float, default=None, help="default wall limit per run, seconds (10)")
+    p.add_argument("--allow-weak-isolation", action="store_true",
+                   help="run even without bubblewrap (programs then see the host filesystem)")
     p.set_defaults(func=run)
 
 
@@ -46,6 +48,7 @@ def _requests(path: str, errors: list):
 def run(args) -> int:
     from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
+    from leakray.errors import BadInput
     from leakray.sandbox import Sandbox, SandboxConfig
     from leakray.sandbox.core import error_result
 
@@ -55,8 +58,14 @@ def run(args) -> int:
     if args.timeout is not None and not args.timeout > 0:
         print("leakray execute: --timeout must be positive", file=sys.stderr)
         return 2
-    cfg = SandboxConfig() if args.timeout is None else SandboxConfig(timeout_s=args.timeout)
-    sandbox = Sandbox(cfg)
+    cfg = SandboxConfig(allow_weak_isolation=args.allow_weak_isolation)
+    if args.timeout is not None:
+        cfg.timeout_s = args.timeout
+    try:
+        sandbox = Sandbox(cfg)
+    except BadInput as exc:
+        print(f"leakray execute: {exc}", file=sys.stderr)
+        return 2
     workers = max(1, args.workers)
     errors: list = []
     done = 0

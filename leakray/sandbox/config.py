@@ -24,6 +24,9 @@ class SandboxConfig:
     isolation: str = "auto"  # "auto" | "bwrap" | "unshare" | "none" (tests force the fallbacks)
     uid_base: int = 200000  # when root, each concurrent run gets its own unprivileged uid from here
     warm: bool = True  # Python runners fork from a warm interpreter per worker (root + bwrap only)
+    # without bubblewrap, generated code would see (and, as root, write) the host filesystem:
+    # constructing a Sandbox then fails unless this is set (`execute.allow_weak_isolation: true`)
+    allow_weak_isolation: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)

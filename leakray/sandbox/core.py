@@ -1,7 +1,8 @@
 """`Sandbox.run(request) -> result`: one untrusted program, its tests, and a verdict.
 
 Each run gets a fresh process tree under `isolation`, a random token the harness must echo
-on a private fd to claim a pass, and a wall-clock timer that kills the whole tree."""
+on a private fd to claim a pass (exactly one line, nothing else: `read_verdict`), and a
+wall-clock timer that kills the whole tree."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from leakray.sandbox import isolation as iso
 from leakray.sandbox import runners as R
 from leakray.sandbox import warm
+from leakray.errors import BadInput
 from leakray.sandbox.config import SandboxConfig
 from leakray.schema import LANGUAGES, X
 
@@ -49,7 +51,13 @@ class Sandbox:
         if isinstance(config, dict):
             config = SandboxConfig.from_dict(config)
         self.config = config or SandboxConfig()
-        self.isolation = iso.detect(self.config.isolation, self.config.uid_base)
+        # the level every report records (`Sandbox.isolation`): "bwrap", or an opted-in weaker one
+        self.isolation = iso.detect(self.config.isolation, self.config.uid_base,
+                                    quiet=not self.config.allow_weak_isolation)
+        if self.isolation != iso.BWRAP and not self.config.allow_weak_isolation:
+            raise BadInput(f"bubblewrap is unavailable here (isolation would be '{self.isolation}': programs would see "
+                           "the host filesystem); install it (apt-get install bubblewrap) or opt in with "
+                           "execute.allow_weak_isolation: true", field="execute.allow_weak_isolation")
         self._uids = iso.UidPool(self.config.uid_base) if os.geteuid() == 0 else None
         if self._uids and self.isolation != iso.BWRAP and not iso.uid_can_run(self.config.python, self.config.uid_base):
             iso.warn_once("root", f"leakray sandbox: uid {self.config.uid_base} cannot run {self.config.python} "
@@ -134,13 +142,10 @@ class Sandbox:
         if raw is None:
             raw = self._exec(dict(plan.files, **{".leakray_token": token}), plan.argv, plan.memory_mb,
                              plan.wall_s, ro_binds=plan.ro_binds)
-        verdict = None
-        for line in raw["channel"].splitlines():
-            parts = line.split()
-            if len(parts) == 3 and parts[0] == b"LEAKRAY" and secrets.compare_digest(parts[1], token.encode()):
-                verdict = parts[2].decode("ascii", "replace")
-                break
-        if verdict in X.STATUSES:
+        verdict, junk = read_verdict(raw["channel"], token)
+        if junk:
+            status = "error"
+        elif verdict is not None:
             status = verdict
         elif raw["timed_out"]:
             status = "timeout"
@@ -154,7 +159,9 @@ class Sandbox:
             status = "failed"  # died without the harness's word: an exit, a signal, a killed parent
         n = self.config.tail_bytes
         stderr = _tail(raw["stderr"], n)
-        if verdict is None and status == "failed":  # say why, or an exit(0) looks like a silent failure
+        if junk:
+            stderr += f"\n[leakray] {junk}"
+        elif verdict is None and status == "failed":  # say why, or an exit(0) looks like a silent failure
             stderr += f"\n[leakray] the run ended (exit status {raw['rc']}) before the tests reported"
         return _result(rid, status, raw["duration"], _tail(raw["stdout"], n), stderr[-n:])
 
@@ -162,13 +169,13 @@ class Sandbox:
         """Fork the run from a warm interpreter; None when no zygote could answer (then run cold)."""
         cfg = self.config
         z = self._zygotes.borrow()
-        request = {"mode": plan.mode, "files": plan.files, "token": token, "uid": z.uid,
+        request = {"mode": plan.mode, "files": plan.files, "uid": z.uid,
                    "memory_mb": plan.memory_mb, "cpu_s": plan.wall_s, "wall_s": plan.wall_s,
                    "max_procs": cfg.max_procs, "fsize": cfg.max_output_bytes, "stdin": stdin,
                    # stdio is judged on the whole stdout, the others on its tail
                    "tail": cfg.max_output_bytes if plan.mode == "stdio" else cfg.tail_bytes,
                    "env": iso.sandbox_env()}
-        res = z.call(request, timeout=plan.wall_s + 30)
+        res = z.call(request, timeout=plan.wall_s + 30, token=token)
         if res is None:
             return None
         self._zygotes.give_back(z)
@@ -285,6 +292,23 @@ class Sandbox:
                 shutil.rmtree(work, ignore_errors=True)
             if uid_lock is not None:
                 iso.UidPool.release(uid_lock)
+
+
+def read_verdict(channel: bytes, token: str) -> tuple[str | None, str | None]:
+    """(status, None) for exactly one well-formed line `LEAKRAY <token> <status>\\n`; (None, None) for an
+    empty channel (the harness never reported); (None, why) for anything else: a second line, a
+    wrong token or any other byte means something other than the harness wrote there."""
+    if not channel:
+        return None, None
+    lines = channel.split(b"\n")
+    if len(lines) != 2 or lines[1]:
+        count = len(lines) - 1 if not lines[-1] else "an unterminated"
+        return None, f"the result channel held {count} line(s), not one verdict"
+    parts = lines[0].split(b" ")
+    if (len(parts) != 3 or parts[0] != b"LEAKRAY" or not secrets.compare_digest(parts[1], token.encode())
+            or parts[2].decode("ascii", "replace") not in X.STATUSES):
+        return None, "the result channel held a line that is not this run's verdict"
+    return parts[2].decode("ascii"), None
 
 
 def _read(f, limit: int) -> bytes:

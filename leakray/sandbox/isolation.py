@@ -43,29 +43,30 @@ def _probe(argv: list[str], preexec=None) -> bool:
         return False
 
 
-def detect(requested: str = "auto", uid_base: int = 200000) -> str:
-    """The strongest isolation that works here; warns loudly (once) when it is not bubblewrap."""
+def detect(requested: str = "auto", uid_base: int = 200000, quiet: bool = False) -> str:
+    """The strongest isolation that works here; warns loudly (once) when it is not bubblewrap,
+    unless `quiet` (the caller refuses to run on it and says so itself)."""
     with _lock:
         key = f"{requested}:{uid_base}"
-        if key in _detected:
-            return _detected[key]
-        bwrap = shutil.which("bwrap")
-        if requested in ("auto", BWRAP) and bwrap and _probe(
-                bwrap_argv(files={}, work_dir_mb=1, env={}) + drop_prefix(uid_base) + ["/bin/true"]):
-            kind = BWRAP
-        elif requested in ("auto", BWRAP, UNSHARE) and shutil.which("unshare") and _probe(
-                _unshare_prefix() + ["/bin/true"]):
-            kind = UNSHARE
-        else:
-            kind = NONE
-        if kind != BWRAP:
+        kind = _detected.get(key)
+        if kind is None:
+            bwrap = shutil.which("bwrap")
+            if requested in ("auto", BWRAP) and bwrap and _probe(
+                    bwrap_argv(files={}, work_dir_mb=1, env={}) + drop_prefix(uid_base) + ["/bin/true"]):
+                kind = BWRAP
+            elif requested in ("auto", BWRAP, UNSHARE) and shutil.which("unshare") and _probe(
+                    _unshare_prefix() + ["/bin/true"]):
+                kind = UNSHARE
+            else:
+                kind = NONE
+            _detected[key] = kind
+        if kind != BWRAP and not quiet:
             what = {UNSHARE: "`unshare -n` + rlimits: no network, but the host filesystem is visible "
                              "and writable wherever the sandbox uid may write",
                     NONE: "rlimits only: NETWORK AND HOST FILESYSTEM ARE REACHABLE"}[kind]
             msg = (f"leakray sandbox: bubblewrap {'not requested' if requested not in ('auto', BWRAP) else 'unavailable'}"
                    f"; falling back to {what}. Install bubblewrap (apt-get install bubblewrap) for real isolation.")
             warn_once(kind, msg)
-        _detected[key] = kind
         return kind
 
 

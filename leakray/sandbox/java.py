@@ -173,7 +173,7 @@ REPORT = r"""
 final class LeakrayReport {
     /** The run's token, read once and deleted before any untrusted code runs. */
     static byte[] takeToken() throws java.io.IOException {
-        java.nio.file.Path p = java.nio.file.Paths.get(".leakray_token");
+        java.nio.file.Path p = java.nio.file.Paths.get(System.getProperty("leakray.work"), ".leakray_token");
         byte[] token = java.nio.file.Files.readAllBytes(p);
         java.nio.file.Files.delete(p);
         return token;
@@ -198,6 +198,28 @@ final class LeakrayReport {
     }
 }
 """
+
+# The SecurityManager's policy (JDK 17-23: `-Djava.security.manager`; removed in JDK 24). The harness
+# classes (moved to .h/ after javac) and the JUnit jars may do anything; the program and its tests
+# may read the work dir, write under run/ (their cwd), read properties and reflect on declared
+# members, and nothing else: no /proc (so no /proc/self/mem, no channel by /proc/self/fd), no
+# setAccessible (so no sun.misc.Unsafe, no private fields), no exec, no native code, no class
+# loaders, no System.setIO, no shutdown hooks, no SecurityManager changes, no JMX. (`exitVM` Java
+# grants the class path itself: an exit ends the run without a verdict, which is never a pass.)
+POLICY = """
+grant codeBase "file:${leakray.work}/.h/-" { permission java.security.AllPermission; };
+grant codeBase "file:/tmp/.junit/-" { permission java.security.AllPermission; };
+grant {
+    permission java.io.FilePermission "${leakray.work}", "read";
+    permission java.io.FilePermission "${leakray.work}/-", "read";
+    permission java.io.FilePermission "${leakray.work}/run", "read,write,delete";
+    permission java.io.FilePermission "${leakray.work}/run/-", "read,write,delete";
+    permission java.util.PropertyPermission "*", "read";
+    permission java.lang.RuntimePermission "accessDeclaredMembers";
+    permission java.lang.RuntimePermission "getenv.*";
+};
+"""
+HARNESS_CLASSES = ("LeakrayHarness.class", "LeakrayReport.class")  # no nested classes: nothing else to move
 
 # JUnit 5 (Jupiter) pinned; the launcher API is driven by JUNIT_HARNESS, so the console launcher
 # jar is not needed. Versions that ship together; opentest4j/apiguardian are their dependencies.

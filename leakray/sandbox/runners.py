@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
+import subprocess
 from dataclasses import dataclass, field
 
 from leakray.sandbox import cds
@@ -36,8 +38,8 @@ class Plan:
 def python_plan(mode: str, program: str, tests: str, cfg: SandboxConfig, timeout: float) -> Plan:
     if mode == "pytest":  # NCB: tests use the program's names and `pytest` without importing either
         files = {"test_solution.py": "import pytest\n" + program + "\n\n" + tests + "\n"}
-    else:
-        files = {"solution.py": program + "\n\n" + tests + "\n"}
+    else:  # apart: the harness runs the program's top level first, then checks, then the tests
+        files = {"solution.py": program + "\n", "tests.py": tests + "\n"}
     return Plan(files, [cfg.python, "-I", HARNESS_PY, mode, "{fd}"], cfg.memory_mb, timeout, mode=mode)
 
 
@@ -54,7 +56,27 @@ def _java_bin(cfg: SandboxConfig, tool: str) -> str:
     return os.path.join(cfg.java_home, "bin", tool) if cfg.java_home else tool
 
 
+_JAVA_MAJOR: dict[str, int | None] = {}
+
+
+def java_major(java: str) -> int | None:
+    """The JDK's feature version (17 for "17.0.15"), once per binary; None when it cannot be told."""
+    if java not in _JAVA_MAJOR:
+        try:
+            out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60).stderr
+            match = re.search(r'version "(\d+)(?:\.(\d+))?', out)
+            major = int(match.group(1)) if match else None
+            _JAVA_MAJOR[java] = match and (int(match.group(2)) if major == 1 else major)
+        except (OSError, subprocess.SubprocessError, ValueError):
+            _JAVA_MAJOR[java] = None
+    return _JAVA_MAJOR[java]
+
+
 def java_plan(mode: str, program: str, tests: str, cfg: SandboxConfig, timeout: float) -> Plan:
+    major = java_major(_java_bin(cfg, "java"))
+    if major is not None and not 17 <= major <= 23:  # the verdict's wall is the SecurityManager
+        raise RunnerError(f"the Java runners need JDK 17-23 (found {major}): JDK 24 removed the SecurityManager "
+                          "that keeps the verdict from the program; set SandboxConfig.java_home")
     binds: list[tuple[str, str]] = []
     if mode == "junit5":
         jars = J.junit_jars(cfg.junit_classpath)
@@ -70,25 +92,38 @@ def java_plan(mode: str, program: str, tests: str, cfg: SandboxConfig, timeout: 
     else:
         harness, cp, extra = J.MAIN_HARNESS, "", []
     files = J.java_files(program, tests)
-    for name in ("LeakrayHarness.java", "LeakrayReport.java"):
-        if name in files:
-            raise RunnerError(f"the sources define a reserved type {name[:-5]}")
+    for name in files:  # the harness's classes get every permission by where they live: keep the names ours
+        if name.startswith("Leakray"):
+            raise RunnerError(f"the sources define a type with the reserved prefix Leakray ({name[:-5]})")
     files["LeakrayHarness.java"] = harness
     files["LeakrayReport.java"] = J.REPORT
+    files["leakray.policy"] = J.POLICY
+    sources = sorted(f for f in files if f.endswith(".java"))
     jflags = _jvm_flags(cfg, "-J")
     archive = cds.javac_archive(_java_bin(cfg, "javac"), jflags)
     if archive:
         binds.append((archive, "/tmp/.cds/javac.jsa"))
         jflags = jflags + ["-J-XX:SharedArchiveFile=/tmp/.cds/javac.jsa"]
     javac = [_java_bin(cfg, "javac"), *jflags, "-proc:none", "-nowarn", "-encoding",
-             "UTF-8", "-d", "classes"] + (["-cp", cp] if cp else []) + sorted(files)
-    java = [_java_bin(cfg, "java"), *_jvm_flags(cfg), "-cp", "classes" + (":" + cp if cp else ""),
-            "LeakrayHarness", "{fd}", *extra]
+             "UTF-8", "-d", "classes"] + (["-cp", cp] if cp else []) + sources
+    # the harness's classes leave the program's class dir for .h/, which only they may use; the
+    # program runs in run/, the one place it may write
+    java = [_java_bin(cfg, "java"), *_jvm_flags(cfg), "-Djava.security.manager",
+            '-Djava.security.policy==$W/leakray.policy', "-Dleakray.work=$W", "-Djava.io.tmpdir=$W/run",
+            "-cp", "$W/.h:$W/classes" + (":" + cp if cp else ""), "LeakrayHarness", "{fd}", *extra]
     # javac gets the compile grace; the program only its own timeout (coreutils exits 124 on expiry)
     run = ["timeout", "-k", "1", f"{timeout:g}s", *java]
     script = (f"{shlex.join(javac)} 1>&2 || exit {COMPILE_ERROR_RC}\n"
-              f"exec {shlex.join(run)}\n")
+              f"W=$PWD; mkdir .h run && mv {' '.join('classes/' + c for c in J.HARNESS_CLASSES)} .h/ "
+              f"|| exit {COMPILE_ERROR_RC}\ncd run\n"
+              f"exec {' '.join(_sh_word(a) for a in run)}\n")
     return Plan(files, ["/bin/sh", "-c", script], cfg.java_memory_mb, timeout + cfg.compile_grace_s, binds)
+
+
+def _sh_word(arg: str) -> str:
+    """Quoted for sh, but with `$W` (the work dir, known only inside the run) expanded."""
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`").replace("$", "\\$").replace(
+        "\\$W", "$W") + '"'
 
 
 def stdio_cases(tests: str) -> list[tuple[str, str]]:

@@ -23,11 +23,13 @@ class Zygote:
         self.proc = subprocess.Popen(argv + [python, "-I", ZYGOTE_PY], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
 
-    def call(self, request: dict, timeout: float) -> dict | None:
-        """The zygote's answer, or None if it is gone or silent past `timeout` (then it is closed)."""
+    def call(self, request: dict, timeout: float, token: str = "") -> dict | None:
+        """The zygote's answer, or None if it is gone or silent past `timeout` (then it is closed).
+        The token goes in a frame of its own, after the request (see zygote_py)."""
         try:
-            data = json.dumps(request).encode()
-            self.proc.stdin.write(struct.pack(">I", len(data)) + data)
+            for frame in (request, {"token": token}):
+                data = json.dumps(frame).encode()
+                self.proc.stdin.write(struct.pack(">I", len(data)) + data)
             self.proc.stdin.flush()
             out = self.proc.stdout
             if not select.select([out], [], [], timeout)[0]:
