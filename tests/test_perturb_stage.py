@@ -58,3 +58,14 @@ def test_advprompt_both_settings_separate_a_planted_signal_and_not_noise():
     noise = evaluate_advprompt(_adv_collection(60, 3, 0.0), _adv_collection(80, 4, 0.0), [0],
                                threshold_rule="shadow_max_mcc", bootstrap=50, config=small)
     assert 0.3 < noise["median"]["advprompt"]["auc"] < 0.7
+
+
+def test_advprompt_ablation_names_every_kind_and_feature():
+    from leakray.detect.advprompt import FEATURE_NAMES, AdvPromptConfig
+    from leakray.perturb.core import KINDS
+    from leakray.pipelines.advprompt_eval import advprompt_ablation
+
+    ab = advprompt_ablation(_adv_collection(40, 5, 0.8), _adv_collection(40, 6, 0.8),
+                            config=AdvPromptConfig(epochs=3, batch_size=20, hidden=(32,)))
+    assert set(ab["without_kind"]) == set(KINDS) and set(ab["without_feature"]) == set(FEATURE_NAMES)
+    assert ab["all"] > 0.8  # the planted stability signal is there with every input

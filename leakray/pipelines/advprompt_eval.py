@@ -68,3 +68,31 @@ def kept_variant_share(table: pa.Table) -> float:
 
     kinds = np.asarray(table.column(C.ADV_KIND).to_pylist(), dtype=object)[:, 1:]
     return float((kinds != "").mean())
+
+
+def advprompt_ablation(shadow: pa.Table, target: pa.Table, seed: int = 0, *,
+                       config: ap.AdvPromptConfig | None = None) -> dict:
+    """Paper RQ2 in the shadow setting: target AUC with all inputs, then without one
+    perturbation kind at a time (its slots masked as missing), then without one feature."""
+    from dataclasses import replace
+
+    from sklearn.metrics import roc_auc_score
+
+    from leakray.perturb.core import KINDS, SLOTS
+
+    config = config or ap.AdvPromptConfig()
+    sa, ta = ap.arrays_from_table(shadow), ap.arrays_from_table(target)
+
+    def auc(train, test, cfg) -> float:
+        return round(float(roc_auc_score(test["member"], ap.fit(train, cfg, seed).predict_proba(test))), 4)
+
+    def without_kind(arrays, kind):
+        keep = np.array([k != kind for k, _ in SLOTS])
+        return {**arrays, "adv_mask": arrays["adv_mask"] & keep}
+
+    out = {"seed": seed, "all": auc(sa, ta, config), "without_kind": {}, "without_feature": {}}
+    for kind in KINDS:
+        out["without_kind"][kind] = auc(without_kind(sa, kind), without_kind(ta, kind), config)
+    for name in ap.FEATURE_NAMES:
+        out["without_feature"][name] = auc(sa, ta, replace(config, drop_features=(name,)))
+    return out

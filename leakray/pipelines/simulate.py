@@ -158,6 +158,10 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
             merge_results(result, lambda: evaluate_advprompt(
                 shadow, target, cfg.detect.seeds, threshold_rule=cfg.detect.threshold_rule,
                 bootstrap=cfg.detect.bootstrap), "advprompt")
+            if cfg.detect.advprompt_ablation and "advprompt" in result.get("median", {}):
+                from leakray.pipelines.advprompt_eval import advprompt_ablation
+
+                result["advprompt_ablation"] = advprompt_ablation(shadow, target, cfg.detect.seeds[0])
         pq.write_table(result.pop("scores"), out / "scores.parquet")
         write_json_atomic(out / "metrics.json", result)
         return {"rows_in": shadow.num_rows + target.num_rows, "rows_out": target.num_rows,

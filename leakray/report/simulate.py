@@ -208,6 +208,23 @@ def _by_auc(item) -> tuple:
     return (not ok, -auc if ok else 0.0, item[0])
 
 
+def _ablation_lines(metrics: dict) -> list[str]:
+    """AdvPrompt's RQ2 (without each kind / feature) and CGMIA's expert-block subsets, when run."""
+    lines = []
+    ab = metrics.get("advprompt_ablation")
+    if ab:
+        lines += ["", f"## AdvPrompt ablation (shadow setting, seed {ab['seed']}; target AUC, all inputs "
+                      f"{_fmt(ab['all'])})", "", "| without kind | AUC |", "|---|---|"]
+        lines += [f"| {k} | {_fmt(v)} |" for k, v in ab["without_kind"].items()]
+        worst = sorted(ab["without_feature"].items(), key=lambda kv: kv[1])[:5]
+        lines += ["", "Features whose removal costs the most AUC: "
+                  + ", ".join(f"{k} ({_fmt(v)})" for k, v in worst) + "."]
+    ex = metrics.get("expert_ablation")
+    if ex:
+        lines += ["", "## CGMIA expert-block ablation", "", "```json", json.dumps(ex, indent=1)[:4000], "```"]
+    return lines
+
+
 def render_markdown(r: dict) -> str:
     lines = [f"# leakray simulated-leakage audit — {r['benchmark']['name']}", "", r["protocol"] + ".", "",
              _isolation_line(r.get("isolation") or {}), "",
@@ -230,6 +247,7 @@ def render_markdown(r: dict) -> str:
     lines += ["", *_threshold_lines(r), "", _low_fpr_note(r),
               "A seed is degenerate when its decisions put every target row in one class (a confusion-matrix "
               "margin is empty); its MCC counts as 0 in the median."]
+    lines += _ablation_lines(r.get("detectors_full") or {})
     lines += ["", "## The simulated leak (members vs non-members)", ""]
     for role in ("target", "shadow"):
         leak = r["leak"][role]
