@@ -267,6 +267,8 @@ class SimulateConfig(Section):
     def _extras(self):
         if self.sample.backend == "vllm":
             _need_modules(("vllm",), "vllm", "sample.backend=vllm")
+        if self.sample.lora_adapter and self.sample.backend != "vllm":
+            raise ValueError("sample.lora_adapter is served by the vllm backend only (hf runs load merged models)")
         if self.sample.backend == "openai" and not self.sample.endpoint_url:
             raise ValueError("sample.backend=openai needs sample.endpoint_url (e.g. http://host:8000/v1)")
         return self

@@ -42,6 +42,8 @@ class SampleConfig:
     max_model_len: int | None = None  # context length in tokens; None: the model's own
     gpu_memory_utilization: float = 0.9  # vLLM: share of each GPU for weights and KV cache
     tensor_parallel_size: int = 1  # vLLM: GPUs one model is split over
+    lora_adapter: str | None = None  # vLLM: a peft LoRA dir served over the base engine (a LoRARequest per prompt)
+    merge_adapters: bool = False  # vLLM: merge lora_adapter into a cached copy of the base instead (GPT-2 needs it)
     # backend "openai": a black-box target behind an OpenAI-compatible /v1/completions
     endpoint_url: str = ""  # base URL up to /v1, e.g. http://host:8000/v1
     endpoint_model: str = ""  # the served model name; empty: the model given to make_sampler

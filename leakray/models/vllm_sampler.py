@@ -15,13 +15,28 @@ ranks from `prompt_logprobs` (vLLM's `Logprob.rank` is 1-based; leakray's is 0-b
 Min-K%++'s mean/std over the vocabulary need the full distribution, which vLLM does not
 return: None with the note `ref_mu_sigma_unavailable`.
 
+LoRA: shadow and target adapters share one base engine (`LLM(enable_lora=True)`), each
+prompt carrying the `LoRARequest` of its adapter; nothing is merged or saved per adapter.
+`VLLMSampler(base, cfg, adapters={"target": dir, "shadow": dir})` registers them (integer
+ids 1, 2, ... in that order, fixed for the engine's life: vLLM caches an adapter's weights by
+its id), and `sampler.using("shadow")` is a Sampler over the same engine with that adapter
+(`using(None)`: the base). The config's `lora_adapter` (one adapter dir) does the same for
+`make_sampler`; with `merge_adapters` it is merged into a cached copy of the base instead
+(`merge_adapter`), for architectures vLLM serves without LoRA support (GPT-2, the demo's
+base, is one).
+
 Unverified on a GPU in this repository's CI (no GPU there); the request/response handling
-is tested on CPU through a stand-in for `vllm.LLM`.
+is tested on CPU through a stand-in for `vllm`, and `scripts/gpu_check.py` is the end-to-end
+check to run on a GPU machine.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
 
 from leakray.data.tasks import generation_prompt
 from leakray.errors import BadInput, MissingExtra
@@ -52,28 +67,139 @@ def _engine_max_len(llm) -> int:
                            "set sample.max_model_len") from exc
 
 
+# vLLM's accepted `max_lora_rank` values (LoRAConfig); the adapters' largest rank is rounded up
+LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+CONFIG_ADAPTER = "adapter"  # the name the config's `lora_adapter` is registered under
+
+
+def adapter_rank(path: str | Path) -> int:
+    """The LoRA rank `r` of a peft adapter directory (its adapter_config.json)."""
+    cfg_file = Path(path) / "adapter_config.json"
+    try:
+        r = json.loads(cfg_file.read_text())["r"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise BadInput(f"not a peft LoRA adapter directory (no readable 'r' in adapter_config.json): {exc}",
+                       path=str(cfg_file), field="lora_adapter") from exc
+    if not isinstance(r, int) or r < 1:
+        raise BadInput(f"LoRA rank must be a positive integer, got {r!r}", path=str(cfg_file), field="r")
+    return r
+
+
+def engine_lora_rank(ranks) -> int:
+    """The smallest `max_lora_rank` vLLM accepts that holds every adapter's rank."""
+    top = max(ranks)
+    for r in LORA_RANKS:
+        if r >= top:
+            return r
+    raise BadInput(f"LoRA rank {top} exceeds vLLM's largest max_lora_rank {LORA_RANKS[-1]}", field="r")
+
+
+def merge_adapter(base: str | Path, adapter: str | Path, out_dir: str | Path) -> Path:
+    """Base + adapter merged by peft into a plain HF checkpoint at `out_dir` (tokenizer included);
+    the `merge_adapters` option, and the HF side of scripts/gpu_check.py."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = Path(out_dir)
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), str(adapter))
+    model.merge_and_unload().save_pretrained(out)
+    AutoTokenizer.from_pretrained(base).save_pretrained(out)
+    return out
+
+
+def _merged_path(base: str, adapter: str) -> str:
+    """A merged copy of base + adapter, cached by the adapter's weights (a retrained adapter
+    at the same path gets a new copy)."""
+    from leakray.runs import cache_root, content_hash, file_digest
+
+    weights = sorted(Path(adapter).glob("adapter_model.*"))
+    key = content_hash(str(Path(base).resolve()), [file_digest(w) for w in weights],
+                       (Path(adapter) / "adapter_config.json").read_text())
+    out = cache_root() / f"merged-{key}"
+    if not (out / "config.json").exists():
+        tmp = out.with_name(out.name + ".partial")  # renamed only when complete
+        merge_adapter(base, adapter, tmp)
+        if not out.exists():  # another process may have finished first
+            tmp.rename(out)
+    return str(out)
+
+
 class VLLMSampler:
-    def __init__(self, model_path: str, cfg: SampleConfig, llm=None):
+    def __init__(self, model_path: str, cfg: SampleConfig, llm=None, *,
+                 adapters: Mapping[str, str] | None = None, adapter: str | None = None,
+                 engine_args: dict | None = None):
+        """`adapters`: name -> peft LoRA dir, served over the one base engine; `adapter`: which
+        one this sampler uses (None: the base; `using` gives the others). `engine_args` go to
+        `vllm.LLM` as they are (e.g. enforce_eager) and win over the config's."""
         self.cfg = cfg
         self.stats: Counter = Counter()
+        adapters = dict(adapters or {})
+        from_cfg = getattr(cfg, "lora_adapter", None)  # SampleConfig.lora_adapter, where the config has it
+        if from_cfg:
+            if getattr(cfg, "merge_adapters", False):
+                model_path = _merged_path(model_path, from_cfg)
+            else:
+                adapters.setdefault(CONFIG_ADAPTER, from_cfg)
+                adapter = adapter or CONFIG_ADAPTER
+        # name -> (lora_int_id, absolute dir); shared by every `using` view of this engine
+        self._adapters: dict[str, tuple[int, str]] = {}
+        ranks = []
+        for name, path in adapters.items():
+            ranks.append(adapter_rank(path))
+            self._adapters[name] = (len(self._adapters) + 1, str(Path(path).resolve()))  # vLLM ids start at 1
+        if adapter is not None and adapter not in self._adapters:
+            raise BadInput(f"adapter {adapter!r} is not among the registered {sorted(self._adapters)}",
+                           field="lora_adapter")
+        self.adapter = adapter
         if llm is None:
             try:
                 from vllm import LLM
             except ImportError as exc:
                 raise MissingExtra("vllm", "vllm") from exc
-            llm = LLM(model=model_path, seed=cfg.seed, dtype=cfg.dtype, logprobs_mode="raw_logprobs",
-                      max_model_len=cfg.max_model_len, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                      tensor_parallel_size=cfg.tensor_parallel_size,
-                      enable_prefix_caching=True)  # a task's perturbed variants share their prefix
+            kwargs = dict(model=model_path, seed=cfg.seed, dtype=cfg.dtype, logprobs_mode="raw_logprobs",
+                          max_model_len=cfg.max_model_len, gpu_memory_utilization=cfg.gpu_memory_utilization,
+                          tensor_parallel_size=cfg.tensor_parallel_size,
+                          enable_prefix_caching=True)  # a task's perturbed variants share their prefix
+            if ranks:
+                kwargs.update(enable_lora=True, max_lora_rank=engine_lora_rank(ranks), max_loras=len(ranks))
+            llm = LLM(**{**kwargs, **(engine_args or {})})
         self.llm = llm
         self.tok = llm.get_tokenizer()
         self.special = set(self.tok.all_special_ids)
         self.max_len = cfg.max_model_len or _engine_max_len(llm)
 
+    @property
+    def adapters(self) -> dict[str, int]:
+        """Registered adapter names and their vLLM integer ids."""
+        return {name: i for name, (i, _) in self._adapters.items()}
+
+    def using(self, adapter: str | None) -> VLLMSampler:
+        """This engine with another adapter (None: the base model); its own `stats`."""
+        if adapter is not None and adapter not in self._adapters:
+            raise BadInput(f"adapter {adapter!r} is not among the registered {sorted(self._adapters)}",
+                           field="lora_adapter")
+        view = copy.copy(self)
+        view.adapter, view.stats = adapter, Counter()
+        return view
+
     def _params(self, **kwargs):
         from vllm import SamplingParams
 
         return SamplingParams(**kwargs)
+
+    def _lora_request(self, name: str, int_id: int, path: str):
+        from vllm.lora.request import LoRARequest
+
+        return LoRARequest(name, int_id, path)
+
+    def _generate(self, prompt_ids: list[list[int]], params):
+        """One `generate` call; every prompt carries this sampler's LoRARequest, if it has one."""
+        extra = {}
+        if self.adapter is not None:
+            req = self._lora_request(self.adapter, *self._adapters[self.adapter])
+            extra["lora_request"] = [req] * len(prompt_ids)
+        return self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False,
+                                 **extra)
 
     def sample(self, prompts: list[str], languages: list[str], keys: list[str], *,
                k: int | None = None, greedy: bool = False) -> list[Samples]:
@@ -92,7 +218,7 @@ class VLLMSampler:
             include_stop_str_in_output=True,  # the exact cut is `keep`'s, as in the HF sampler
             seed=task_seed(cfg.seed, key),
         ) for prompt, lang, key in zip(prompts, languages, keys)]
-        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+        outputs = self._generate(prompt_ids, params)
         results = []
         for prompt, lang, out in zip(prompts, languages, outputs):
             res = Samples([], [], [], [])
@@ -124,8 +250,8 @@ class VLLMSampler:
                 todo.append((i, *got))
         if not todo:
             return out
-        outputs = self.llm.generate([{"prompt_token_ids": ids} for _, ids, _ in todo],
-                                    self._params(max_tokens=1, prompt_logprobs=0, temperature=0.0), use_tqdm=False)
+        outputs = self._generate([ids for _, ids, _ in todo],
+                                 self._params(max_tokens=1, prompt_logprobs=0, temperature=0.0))
         for (i, ids, n_ctx), res in zip(todo, outputs):
             entries = res.prompt_logprobs
             if entries is None:
