@@ -64,7 +64,7 @@ class _FlakySampler:
 
         self.cfg, self.stats = SampleConfig(k=k), Counter()
 
-    def sample(self, prompts, languages, keys):
+    def sample(self, prompts, languages, keys, *, k=None, greedy=False):
         from leakray.models.sampler import Samples
 
         (key,) = keys
@@ -74,8 +74,10 @@ class _FlakySampler:
             self.stats["prompt_truncated_left"] += 1
         return [Samples(["    return 1\n"] * self.cfg.k, [2.0] * self.cfg.k, [3] * self.cfg.k)]
 
-    def reference_loss(self, prompts, references):
-        return [float("nan")] if prompts and "def" not in prompts[0] else [1.5]
+    def reference_scores(self, prompts, references):
+        from leakray.models.sampler import RefScores
+
+        return [RefScores(1.5, [-1.0, -2.0], None, None, None, ["ref_mu_sigma_unavailable"])]
 
 
 def test_a_row_that_fails_for_good_goes_to_the_errors_file(tmp_path):
@@ -84,15 +86,18 @@ def test_a_row_that_fails_for_good_goes_to_the_errors_file(tmp_path):
     from leakray.pipelines.collect import SampleStage, collection_stats, score_stage
 
     tasks = _tasks(3)
+    from leakray.pipelines.collect import ExtraColumns
+
     stage = SampleStage.__new__(SampleStage)
-    stage.sampler = _FlakySampler(k=2)
+    stage.sampler, stage.extra, stage.ref_sampler = _FlakySampler(k=2), ExtraColumns(), None
     table = score_stage(ExecuteStage(timeout_s=10, threads=2)(stage(input_table(tasks, {}, set()))))
     notes = dict(zip(table.column(C.TASK_ID).to_pylist(), table.column(C.NOTES).to_pylist()))
-    assert notes["HumanEval/2"] == ["prompt_truncated_left"] and notes["HumanEval/0"] == []
+    assert notes["HumanEval/2"] == ["ref_mu_sigma_unavailable", "prompt_truncated_left"]
+    assert notes["HumanEval/0"] == ["ref_mu_sigma_unavailable"]
     assert table.column(C.EXEC_STATUS).to_pylist()[1] == ["not-run", "not-run"]
     out = finalize(table, tmp_path / "errors.parquet")
     assert out.column(C.TASK_ID).to_pylist() == ["HumanEval/0", "HumanEval/2"]
     errors = pq.read_table(tmp_path / "errors.parquet").to_pylist()
-    assert errors == [{C.TASK_ID: "HumanEval/1", C.NOTES: ["endpoint_failed:http_500"]}]
+    assert errors == [{C.TASK_ID: "HumanEval/1", C.NOTES: ["endpoint_failed:http_500", "ref_mu_sigma_unavailable"]}]
     stats = collection_stats(out, 1.0, tmp_path / "errors.parquet")
     assert stats["errors"]["endpoint_failed:http_500"] == 1 and stats["errors"]["prompt_truncated_left"] == 1

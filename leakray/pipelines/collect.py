@@ -98,7 +98,9 @@ class SampleStage:
         before = Counter(sampler.stats)
         (s,) = sampler.sample([prompt], [lang], [key])
         (scores,) = sampler.reference_scores([prompt], [ref])
-        notes = list(s.notes) + list(scores.notes) + sorted((Counter(sampler.stats) - before).elements())
+        # the sampler's counters repeat some of the scores' own notes: each reason once per row
+        notes = list(dict.fromkeys(list(s.notes) + list(scores.notes)
+                                   + sorted((Counter(sampler.stats) - before).elements())))
         if math.isnan(scores.loss) and not any(n.startswith("ref_loss") for n in notes):
             notes.append("ref_loss_unscorable")
         if row_failed(notes) or len(s.completions) != k:  # placeholders; the row leaves at finalize
