@@ -15,6 +15,7 @@ SUBCOMMAND_MODULES = (
     "leakray.data.cli",  # benchmarks validate
     "leakray.screen.cli",  # screen
     "leakray.perturb.cli",  # perturb
+    "leakray.sweep.cli",  # sweep, sweep history, sweep diff
 )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -339,6 +340,7 @@ def collect_on_ray(table: pa.Table, model_path: str, cfg: CollectConfig, out_dir
         "batch_size": cfg.embed_batch_size, "device": embed_device(cfg)}, batch_size=cfg.batch_size, batch_format="pyarrow",
         **pool(cfg.embed_resources))
     parts = out_dir / "parts"
+    shutil.rmtree(parts, ignore_errors=True)  # a killed attempt's part files must not be read back
     ds.write_parquet(str(parts))
     return finalize(pq.read_table(str(parts)), out_dir / "errors.parquet")
 

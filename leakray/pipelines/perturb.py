@@ -7,6 +7,7 @@ both collections (shadow and target) read it."""
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -70,6 +71,7 @@ def perturb_on_ray(tasks: list[dict], out_dir: Path, *, seed: int, timeout_s: fl
         batch_size=batch_size, batch_format="pyarrow", num_cpus=0,
         compute=ActorPoolStrategy(min_size=1, max_size=max(1, actors)))
     parts = out_dir / "parts"
+    shutil.rmtree(parts, ignore_errors=True)  # a killed attempt's part files must not be read back
     ds.write_parquet(str(parts))
     result = pq.read_table(str(parts))
     # actor tasks retry at least once: one row per task
