@@ -1,6 +1,16 @@
+import json
 import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -18,3 +28,50 @@ def tiny_lm(tmp_path_factory):
                        batch_size=4, pretrain_seconds=3, corpus_mb=0.3, threads=1, warmup_steps=5)
     stats = pretrain(cfg, out, progress=False)
     return out, stats
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def ray_head():
+    """A real head node (`ray start --head`), torn down by its own temp dir: `ray stop`
+    would stop every Ray on the machine. The temp dir is short because Ray's Unix sockets
+    live under it (paths are limited to ~107 bytes)."""
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    port, dash, agent, agent_grpc, metrics, rt_env = (_free_port() for _ in range(6))
+    temp = tempfile.mkdtemp(prefix="lr", dir="/tmp")
+    ray = str(Path(sys.executable).with_name("ray"))
+    # Every port explicit: the job agent's default port clashes with any other Ray on the machine.
+    started = subprocess.run([ray, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=true",
+                              f"--dashboard-port={dash}", f"--dashboard-agent-listen-port={agent}",
+                              f"--dashboard-agent-grpc-port={agent_grpc}", f"--metrics-export-port={metrics}",
+                              f"--runtime-env-agent-port={rt_env}", "--disable-usage-stats", f"--temp-dir={temp}"],
+                             env=env, capture_output=True, text=True)
+    assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
+    try:
+        yield ray, f"http://127.0.0.1:{dash}", f"127.0.0.1:{port}", env
+    finally:
+        for sig in ("-TERM", "-KILL"):
+            subprocess.run(["pkill", sig, "-f", temp], capture_output=True)
+            time.sleep(2)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _submit(ray_head, job: list[str], env_vars: dict | None = None) -> subprocess.CompletedProcess:
+    ray, dashboard, _, env = ray_head
+    runtime_env = json.dumps({"env_vars": {"HF_HUB_OFFLINE": "1", **(env_vars or {})}})
+    for _ in range(20):  # the head's job agent comes up a few seconds after `ray start`
+        proc = subprocess.run(
+            [ray, "job", "submit", "--address", dashboard, "--working-dir", str(ROOT),
+             "--runtime-env-json", runtime_env, "--", "python", *job],
+            env=env, capture_output=True, text=True, timeout=840, cwd=ROOT)
+        if "No available agent" not in proc.stderr + proc.stdout:
+            break
+        time.sleep(3)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "succeeded" in proc.stdout
+    return proc

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from test_e2e import _submit, ray_head  # noqa: F401  (the real `ray start --head` fixture)
+from conftest import _submit  # the real `ray start --head` is conftest's session fixture `ray_head`
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {  # seconds, not a measurement: what the faults need is stages, rows and markers
