@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from leakray.data.tasks import continuation, program_of
+from leakray.data.tasks import program_of
 from leakray.models.sampler import SampleConfig
 from leakray.schema import C, T, X, collection_schema
 
