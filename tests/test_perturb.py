@@ -14,13 +14,14 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import SHARED_BENCHMARKS
 
 from leakray.data.tasks import continuation, make_task, program_of
 from leakray.perturb import KINDS, SLOTS, NotApplicable, Variant, perturb, perturb_task, variants_of
 from leakray.perturb.java_code import parses as java_parses
 from leakray.schema import T
 
-JAVA_FILE = Path("/work/shared/benchmarks/humaneval_java.jsonl.gz")
+JAVA_FILE = SHARED_BENCHMARKS / "humaneval_java.jsonl.gz"
 needs_java_data = pytest.mark.skipif(not JAVA_FILE.exists(), reason="HumanEval-X Java file not on this machine")
 
 

@@ -14,11 +14,11 @@ import sys
 import tokenize
 import types
 from collections import Counter
-from pathlib import Path
 from types import SimpleNamespace as NS
 
 import numpy as np
 import pytest
+from conftest import SHARED_BENCHMARKS
 import torch
 
 from leakray.data.tasks import continuation, generation_prompt, program_of
@@ -30,7 +30,7 @@ PROMPT = 'def add(a, b):\n    """Return a + b."""\n'
 PROMPTS = [PROMPT, "def mul(a, b):\n", 'class Box:\n    """A box."""\n\n    def size(self):\n']
 REFS = [PROMPT + "    return a + b\n", "def mul(a, b):\n    return a * b\n",
         'class Box:\n    """A box."""\n\n    def size(self):\n        return len(self.items) * 2 + 1\n']
-JAVA_FILE = Path("/work/shared/benchmarks/humaneval_java.jsonl.gz")
+JAVA_FILE = SHARED_BENCHMARKS / "humaneval_java.jsonl.gz"
 needs_java_data = pytest.mark.skipif(not JAVA_FILE.exists(), reason="HumanEval-X Java file not on this machine")
 
 

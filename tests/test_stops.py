@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import SHARED_BENCHMARKS
 
 from leakray.data.registry import load_benchmark, sniff_reader
 from leakray.data.tasks import continuation, program_of
@@ -16,7 +17,7 @@ from leakray.schema import T, X
 
 FIX = Path(__file__).parent / "fixtures"
 # upstream files, present beside the project on our machines and in CI (../shared)
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"
+SHARED = SHARED_BENCHMARKS
 SHARED_FILES = ["ClassEval_data.json.gz", "humaneval_java.jsonl.gz", "mbjp_release_v1.2.jsonl.gz"]
 HE = 'def add(a, b):\n    """Return a + b."""\n'
 
