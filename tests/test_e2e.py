@@ -12,7 +12,8 @@ from conftest import ROOT, _submit  # ray_head (a real `ray start --head`) is co
 # A planted leak strong enough to be seen on 6 + 6 tasks: the members are memorised (25 epochs).
 SMALL = ["--quick", "--set", "target.epochs=25", "--set", "shadow.epochs=25", "--set", "sample.max_new_tokens=128",
          "--set", "detect.cgmia.epochs=50", "--set", "detect.seeds=[0,1]",
-         "--set", "detect.detectors=[cgmia,ref_loss,gt_match,detectleak,min_k,advprompt]"]
+         "--set", "detect.detectors=[cgmia,ref_loss,gt_match,detectleak,min_k,advprompt]",
+         "--set", "detect.advprompt_ablation=false", "--set", "columns.upper_case=false"]
 
 
 @pytest.mark.slow
