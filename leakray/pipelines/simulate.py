@@ -78,7 +78,7 @@ def preflight_isolation(cfg: SimulateConfig) -> str:
     """Refuse to run generated code without real isolation unless the user opted in."""
     from leakray.sandbox import isolation as iso
 
-    level = iso.detect("auto")
+    level = iso.detect("auto", quiet=True)  # we refuse or warn ourselves, once
     if level != iso.BWRAP and not cfg.execute.allow_weak_isolation:
         raise BadInput(f"bubblewrap is not available (isolation would be '{level}'): generated code would run "
                        "without mount/pid namespaces. Install it (apt-get install bubblewrap) or opt in with "
