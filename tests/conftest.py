@@ -78,3 +78,15 @@ def _submit(ray_head, job: list[str], env_vars: dict | None = None) -> subproces
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "succeeded" in proc.stdout
     return proc
+
+
+class CharTokenizer:
+    """Character-level tokenizer stand-in for the vLLM tests: one token per character; token 0 is EOS."""
+
+    all_special_ids = [0]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i) for i in ids if i or not skip_special_tokens)
+
+    def __call__(self, text):
+        return {"input_ids": [ord(c) for c in text]}

@@ -1,6 +1,7 @@
 import math
 
 import pytest
+from conftest import CharTokenizer
 import torch
 
 from leakray.models.finetune import FinetuneConfig, finetune, lora_targets
@@ -115,16 +116,7 @@ def test_bad_method_refused():
         FinetuneConfig(method="qlora")
 
 
-class _FakeTok:
-    """Character-level stand-in: one token per character; token 0 is end of sequence."""
-
-    all_special_ids = [0]
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(i) for i in ids if i or not skip_special_tokens)
-
-    def __call__(self, text):
-        return {"input_ids": [ord(c) for c in text]}
+_FakeTok = CharTokenizer  # conftest: one token per character, token 0 is EOS
 
 
 class _FakeLLM:

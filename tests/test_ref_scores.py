@@ -18,7 +18,7 @@ from types import SimpleNamespace as NS
 
 import numpy as np
 import pytest
-from conftest import SHARED_BENCHMARKS
+from conftest import SHARED_BENCHMARKS, CharTokenizer
 import torch
 
 from leakray.data.tasks import continuation, generation_prompt, program_of
@@ -144,14 +144,7 @@ def test_variants_of_one_task_share_one_generate_call(hf, monkeypatch):
 
 # ---- vLLM, through a stand-in module --------------------------------------------------------------
 
-class _Tok:
-    all_special_ids = [0]
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(i) for i in ids if i or not skip_special_tokens)
-
-    def __call__(self, text):
-        return {"input_ids": [ord(c) for c in text]}
+_Tok = CharTokenizer  # conftest: one token per character, token 0 is EOS
 
 
 class _LLM:

@@ -8,6 +8,7 @@ import types
 from types import SimpleNamespace as NS
 
 import pytest
+from conftest import CharTokenizer
 
 from leakray.errors import BadInput
 from leakray.models.sampler import SampleConfig
@@ -15,14 +16,7 @@ from leakray.models.sampler import SampleConfig
 PY_PROMPT = 'def f():\n    """One."""\n'
 
 
-class _Tok:
-    all_special_ids = [0]
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(i) for i in ids if i or not skip_special_tokens)
-
-    def __call__(self, text):
-        return {"input_ids": [ord(c) for c in text]}
+_Tok = CharTokenizer  # conftest: one token per character, token 0 is EOS
 
 
 class _LoRARequest:
