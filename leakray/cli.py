@@ -16,6 +16,7 @@ SUBCOMMAND_MODULES = (
     "leakray.screen.cli",  # screen
     "leakray.perturb.cli",  # perturb
     "leakray.sweep.cli",  # sweep, sweep history, sweep diff
+    "leakray.report.cli",  # compare
 )
 
 

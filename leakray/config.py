@@ -29,6 +29,7 @@ from leakray.models.offline import TinyLMConfig
 from leakray.models.sampler import SampleConfig
 
 DEFAULT = Path(__file__).resolve().parent / "conf" / "default.yaml"  # ships inside the package
+AUDIT_DEFAULTS = DEFAULT.parent / "audit.yaml"  # layered over DEFAULT for `leakray audit`
 
 
 class Section(BaseModel):
@@ -276,6 +277,51 @@ class SimulateConfig(Section):
     def hashed(self) -> dict:
         """What a run's outputs depend on: everything but where and how fast it runs."""
         return self.model_dump(exclude={"output_dir", "ray"})
+
+
+class AuditSection(Section):
+    """`leakray audit`: the model under audit, how its verdicts are made, what is reused."""
+
+    # "planted": the offline default, model.base fine-tuned (target section) on member_fraction of the
+    # benchmark, so the audit's answer can be checked; else an HF id, a local path, or an endpoint's model name
+    target: str = "planted"
+    member_fraction: float = Field(0.2, ge=0, lt=1)  # planted target: share of the benchmark it saw
+    member_seed: int = 11  # which tasks the planted target saw
+    shadow_seed: int = 12  # which half of the benchmark the shadow saw
+    validation_share: float = Field(0.5, gt=0, lt=1)  # shadow tasks held out: calibration, curves, TPR/FPR
+    calibration: Literal["isotonic", "platt"] = "isotonic"
+    fpr: float = Field(0.05, gt=0, lt=1)  # a sample is 'suspected' above the cut with this FPR on shadow rows
+    prevalence_method: Literal["acc", "em"] = "acc"
+    bootstrap: int = Field(1000, ge=0)  # resamples for the prevalence and inflation intervals
+    detector: str | None = None  # the detector behind probabilities; None: best shadow-validation AUC usable
+    card: str | None = None  # a detector card directory to reuse (no shadow fine-tuning)
+    corpus: str | None = None  # a readable corpus (glob) to screen the benchmark against in the same run
+
+    @field_validator("card")
+    @classmethod
+    def _card(cls, v: str | None) -> str | None:
+        if v is not None and not (Path(v).expanduser() / "card.json").exists():
+            raise ValueError(f"{v} is not a detector card (no card.json); build one with `leakray card build`")
+        return v
+
+
+class AuditConfig(SimulateConfig):
+    """The audit of a model we did not train (its defaults layered by conf/audit.yaml)."""
+
+    audit: AuditSection = Field(default_factory=AuditSection)
+
+    @model_validator(mode="after")
+    def _target_model(self):
+        t = self.audit.target
+        if t != "planted" and self.sample.backend != "openai":
+            check_model_ref(t, "audit.target")
+        if self.audit.detector is not None:
+            from leakray.detect import registry
+
+            if self.audit.detector not in registry.names():
+                raise ValueError(f"unknown audit.detector {self.audit.detector!r}"
+                                 f"{_suggest(self.audit.detector, registry.names())}")
+        return self
 
 
 # ---- checks --------------------------------------------------------------------------------

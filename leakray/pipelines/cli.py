@@ -41,7 +41,68 @@ def run(args) -> int:
     return 0
 
 
+# smoke-sized audit (tests and first looks): enough tasks for a shadow half and its validation half
+AUDIT_QUICK = [
+    "benchmark.limit=32", "model.tiny.max_steps=30", "target.epochs=3", "shadow.epochs=3",
+    "sample.k=2", "sample.max_new_tokens=48", "detect.cgmia.epochs=5", "audit.bootstrap=200",
+]
+
+
+def audit_overrides(args) -> list[str]:
+    """The audit's named flags as config overrides (they win over --set)."""
+    out = []
+    if getattr(args, "target", None):
+        out.append(f"audit.target={args.target}")
+    if args.benchmark:
+        name, _, path = args.benchmark.partition("=")
+        out += [f"benchmark.name={name}", f"benchmark.path={path or 'null'}"]
+    if args.shadow_base:
+        out.append(f"model.base={args.shadow_base}")
+    if getattr(args, "card", None):
+        out.append(f"audit.card={args.card}")
+    if getattr(args, "corpus", None):
+        out.append(f"audit.corpus={args.corpus}")
+    return out
+
+
+def run_audit_cmd(args, card_only: bool = False) -> int:
+    from leakray.config import AUDIT_DEFAULTS, AuditConfig, load_config
+    from leakray.console import Console
+    from leakray.pipelines.audit import run_audit
+
+    overrides = (AUDIT_QUICK if args.quick else []) + list(args.overrides) + audit_overrides(args)
+    if args.output:
+        overrides.append(f"output_dir={args.output}")
+    if args.address:
+        overrides.append(f"ray.address={args.address}")
+    cfg = load_config([AUDIT_DEFAULTS, *args.config], overrides, AuditConfig)
+    run_audit(cfg, Console(verbose=args.verbose), card_only=card_only)
+    return 0
+
+
 def register(sub) -> None:
+    p = sub.add_parser("audit", help="has this model seen my benchmark: which samples, how much leaked, the inflation",
+                       description="Audit a model (default: a tiny model with a planted leak, so the answer can be "
+                                   "checked offline). Defaults: leakray/conf/audit.yaml over default.yaml.")
+    add_config_args(p)
+    p.add_argument("--target", help="model under audit: HF id, local path, or an endpoint's model name "
+                                    "(with --set sample.backend=openai); default: planted")
+    p.add_argument("--benchmark", metavar="NAME[=PATH]", help="benchmark reader and file (default: humaneval)")
+    p.add_argument("--shadow-base", help="base model of the shadow (default: the local tiny model)")
+    p.add_argument("--card", help="reuse a detector card (leakray card build): no shadow fine-tuning")
+    p.add_argument("--corpus", help="screen the benchmark against this corpus (glob) and fuse the evidence")
+    p.add_argument("--quick", action="store_true", help="smoke-sized audit: " + " ".join(AUDIT_QUICK))
+    p.set_defaults(func=run_audit_cmd)
+
+    card = sub.add_parser("card", help="detector cards: fitted detectors + calibration, reusable across audits")
+    card_sub = card.add_subparsers(dest="card_command", required=True)
+    b = card_sub.add_parser("build", help="fine-tune a shadow, fit and calibrate every detector, save the card")
+    add_config_args(b)
+    b.add_argument("--benchmark", metavar="NAME[=PATH]", help="benchmark reader and file (default: humaneval)")
+    b.add_argument("--shadow-base", help="base model of the shadow (default: the local tiny model)")
+    b.add_argument("--quick", action="store_true", help="smoke-sized: " + " ".join(AUDIT_QUICK))
+    b.set_defaults(func=lambda args: run_audit_cmd(args, card_only=True))
+
     for name, help_ in (("demo", "offline demo: the CGMIA simulated-leakage protocol on HumanEval, local models"),
                         ("simulate", "the simulated-leakage protocol with a given config")):
         p = sub.add_parser(name, help=help_, description=help_)

@@ -1,0 +1,115 @@
+"""A detector card: everything an audit needs to score a model without training again.
+
+A directory holding the fitted detectors (each saved by ``Detector.save``: weights, frozen
+projections, scalers), their scores on held-out shadow rows (``val_scores.parquet``: the
+rows calibration, curves and the prevalence correction are measured on), one calibrator
+per detector, the validation metrics, and ``card.json`` (written last: it marks the card
+complete) with the shadow's configuration and base model. ``leakray card build`` writes
+one; ``leakray audit --card DIR`` reuses it and states its id.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from leakray.errors import BadInput
+from leakray.evaluate.calibration import Calibrator
+from leakray.runs import content_hash, write_json_atomic
+from leakray.schema import S
+
+CARD_FILE = "card.json"
+VAL_SCORES = "val_scores.parquet"
+DETECTORS_DIR = "detectors"
+VERSION = 1
+
+
+def saved_name(name: str, seed: int) -> str:
+    """The directory evaluate_detectors saves a fitted detector under."""
+    from leakray.pipelines.detectors import BASELINE_SEED
+
+    return name if seed == BASELINE_SEED else f"{name}-seed{seed}"
+
+
+class DetectorCard:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        meta_path = self.path / CARD_FILE
+        if not meta_path.exists():
+            raise BadInput("not a detector card (no card.json; was `leakray card build` interrupted?)",
+                           path=str(meta_path))
+        self.meta: dict[str, Any] = json.loads(meta_path.read_text())
+        if self.meta.get("version") != VERSION:
+            raise BadInput(f"detector card version {self.meta.get('version')} is not {VERSION}", path=str(meta_path))
+
+    @property
+    def id(self) -> str:
+        return self.meta["card_id"]
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.meta["detectors"])
+
+    def calibrator(self, name: str) -> Calibrator:
+        return Calibrator.from_dict(self.meta["detectors"][name]["calibration"])
+
+    def val_scores(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(member, score) of ``name`` on the held-out shadow rows, in task order."""
+        seed = self.meta["detectors"][name]["seed"]
+        t = pq.read_table(self.path / VAL_SCORES).to_pandas()
+        t = t[(t[S.DETECTOR] == name) & (t[S.SEED] == seed)].sort_values(S.TASK_ID)
+        return t[S.MEMBER].to_numpy(np.int64), t[S.SCORE].to_numpy(np.float64)
+
+    def load_detector(self, name: str):
+        from leakray.detect import registry
+
+        entry = self.meta["detectors"][name]
+        return registry.load(self.path / DETECTORS_DIR / saved_name(name, entry["seed"]))
+
+    def score(self, table: pa.Table, names: list[str] | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        """Every card detector's scores on ``table``; the ones its columns cannot feed are
+        returned in ``skipped`` with the reason (a black-box target has no logprobs)."""
+        from leakray.detect import registry
+        from leakray.detect.base import missing_input
+
+        scores, skipped = {}, {}
+        for name in names or self.names:
+            why = missing_input(table, registry.spec(name).columns)
+            if why:
+                skipped[name] = why
+                continue
+            try:
+                scores[name] = np.asarray(self.load_detector(name).score(table), dtype=np.float64)
+            except BadInput as exc:
+                skipped[name] = f"input unusable: {exc}"
+        return scores, skipped
+
+
+def write_card(out: Path, *, result: dict, val_table: pa.Table, calibration: dict[str, dict],
+               calibration_quality: dict[str, dict], suspect_cuts: dict[str, dict], meta: dict) -> DetectorCard:
+    """Finish a card whose detectors ``evaluate_detectors(save_dir=out/detectors)`` saved."""
+    from leakray.pipelines.detectors import BASELINE_SEED
+
+    pq.write_table(result["scores"], out / VAL_SCORES)
+    first_seed = result["seeds"][0]
+    detectors = {}
+    for name, metrics in result["median"].items():
+        learns = result["specs"][name]["learns"]
+        detectors[name] = {
+            "seed": first_seed if learns else BASELINE_SEED, "spec": result["specs"][name],
+            "validation": metrics, "calibration": calibration[name], "calibration_quality": calibration_quality[name],
+            "suspect_cut": suspect_cuts[name],
+        }
+    body = {
+        "version": VERSION, "detectors": detectors, "skipped": result.get("skipped", {}),
+        "n_val": int(val_table.num_rows), "val_task_ids": sorted(val_table.column(S.TASK_ID).to_pylist()),
+        "threshold_rule": result["threshold_rule"], "seeds": result["seeds"], **meta,
+    }
+    body["card_id"] = content_hash(body)
+    write_json_atomic(out / CARD_FILE, body)
+    return DetectorCard(out)

@@ -1,0 +1,278 @@
+"""`leakray audit`: has this model seen my benchmark, which samples, how much does it inflate
+its score. A list of resumable stages on the same runner as the simulated-leak protocol.
+
+split (shadow half, planted members) -> base -> [shadow -> collect_shadow -> card] unless a card
+is reused -> target (planted only) -> collect_target (the whole benchmark) -> screen (with a
+corpus) -> verdicts: calibrated probability, verdict, leaked fraction, inflation, cleaned export.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from leakray.config import AuditConfig, to_stage
+from leakray.console import Console, setup_logging
+from leakray.data.registry import DEFAULT_PATHS
+from leakray.detect.card import DetectorCard
+from leakray.errors import BadInput
+from leakray.pipelines.simulate import base_model, collect_config, load_tasks, preflight_isolation, training_text
+from leakray.runs import StageRunner, StageSpec, content_hash, output_root, write_json_atomic
+from leakray.schema import C, S, T
+
+CARD_STAGES = ("shadow", "collect_shadow", "card")
+
+
+def benchmark_file(cfg: AuditConfig) -> str:
+    """The file the benchmark was read from (the cleaned export and the screener read it again)."""
+    path = cfg.benchmark.path or DEFAULT_PATHS.get(cfg.benchmark.name)
+    if path is None and cfg.benchmark.name == "humaneval":
+        from leakray.data.humaneval import packaged_path
+
+        path = packaged_path()
+    if path is None:
+        raise BadInput(f"benchmark {cfg.benchmark.name} needs a path", field="benchmark.path")
+    return str(path)
+
+
+def split_members(ids: list[str], share: float, seed: int) -> list[str]:
+    """A seeded share of the task ids (sorted first, so the draw does not depend on file order)."""
+    ids = sorted(ids)
+    n = int(round(share * len(ids)))
+    pick = np.random.default_rng(seed).permutation(len(ids))[:n]
+    return sorted(ids[i] for i in pick)
+
+
+def stratified_half(table: pa.Table, share: float, seed: int) -> tuple[pa.Table, pa.Table]:
+    """(fit, validation) rows of a shadow collection, by task, stratified by membership."""
+    from sklearn.model_selection import train_test_split
+
+    idx = np.arange(table.num_rows)
+    y = table.column(C.MEMBER).to_numpy()
+    fit, val = train_test_split(idx, test_size=share, stratify=y, random_state=seed)
+    return table.take(pa.array(np.sort(fit))), table.take(pa.array(np.sort(val)))
+
+
+def with_members(table: pa.Table, members: set[str] | None) -> pa.Table:
+    """member 1/0 by the given ids; -1 (unknown) for a target whose training data we cannot see."""
+    ids = table.column(C.TASK_ID).to_pylist()
+    values = [-1] * len(ids) if members is None else [int(t in members) for t in ids]
+    i = table.schema.get_field_index(C.MEMBER)
+    return table.set_column(i, table.schema.field(i), pa.array(values, pa.int8()))
+
+
+def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isolation: str,
+                 card_dir: Path | None, card_only: bool = False) -> list[StageSpec]:
+    from leakray.pipelines import collect as col
+
+    a = cfg.audit
+    planted = a.target == "planted"
+    ids = [t[T.TASK_ID] for t in tasks]
+
+    def split() -> dict:
+        return json.loads((runner.dir("split") / "split.json").read_text())
+
+    def split_stage(out: Path) -> dict:
+        s = {"shadow_members": split_members(ids, 0.5, a.shadow_seed),
+             "planted_members": split_members(ids, a.member_fraction, a.member_seed) if planted else None}
+        write_json_atomic(out / "split.json", s)
+        return {"rows_in": len(ids), "rows_out": len(ids), "shadow_members": len(s["shadow_members"]),
+                "planted_members": None if s["planted_members"] is None else len(s["planted_members"])}
+
+    def base_stage(out: Path) -> dict:
+        path, stats = base_model(cfg)
+        return {"path": path, "stats": stats}
+
+    def finetune(role: str, members_key: str):
+        def run(out: Path) -> dict:
+            from leakray.pipelines.train import finetune_on_ray
+
+            members = set(split()[members_key])
+            texts = [training_text(t) for t in tasks if t[T.TASK_ID] in members]
+            if not texts:  # a planted fraction of 0: the target is the base itself
+                return {"rows_in": 0, "rows_out": 0, "model": runner.info["base"]["path"]}
+            stats = finetune_on_ray(runner.info["base"]["path"], texts, to_stage(getattr(cfg, role)), out / "model",
+                                    name=f"audit-{role}-{runner.run_dir.name}", storage=runner.run_dir / "ray_train",
+                                    num_workers=cfg.ray.train_workers, use_gpu=cfg.ray.use_gpu)
+            return {"rows_in": len(texts), "rows_out": len(texts), "model": str(out / "model"), **stats}
+        return run
+
+    def collect(model, members):
+        def run(out: Path) -> dict:
+            table = with_members(col.input_table(tasks, {}, set()), members())
+            t0 = time.perf_counter()
+            coll = col.collect_on_ray(table, model(), collect_config(cfg, runner.info["base"]["path"]), out)
+            stats = col.collection_stats(coll, time.perf_counter() - t0, out / "errors.parquet")
+            col.write_collection(coll, out / "collection.parquet", stats)
+            return {"rows_in": table.num_rows, **stats, "isolation": isolation}
+        return run
+
+    def card_stage(out: Path) -> dict:
+        from leakray.pipelines.card import build_card
+
+        shadow = pq.read_table(runner.dir("collect_shadow") / "collection.parquet")
+        card = build_card(shadow, cfg, out, storage=runner.run_dir / "ray_train",
+                          meta=card_meta(cfg, tasks, runner.info["base"]["path"]))
+        return {"rows_in": shadow.num_rows, "rows_out": card.meta["n_val"], "card_id": card.id,
+                "detectors": card.names}
+
+    def screen_stage(out: Path) -> dict:
+        from leakray.pipelines.screen import run_screen
+
+        summary = run_screen([(cfg.benchmark.name, benchmark_file(cfg))], a.corpus, str(out),
+                             address=cfg.ray.address, log=lambda msg: None)
+        b = summary["benchmarks"][cfg.benchmark.name]
+        return {"rows_in": b["n_samples"], "rows_out": b["n_leaked"], "pairs": b["n_pairs"]}
+
+    def target_model() -> str:
+        if not planted:
+            return a.target
+        return runner.info["target"]["model"]
+
+    def planted_members():
+        return set(split()["planted_members"]) if planted else None
+
+    stages = [  # the base is cheap when cached, and every path needs it: shadow, planted target, reference model
+        StageSpec("split", split_stage, lambda i: f"shadow sees {i['shadow_members']} tasks"
+                  + ("" if i["planted_members"] is None else f", planted target {i['planted_members']}")),
+        StageSpec("base", base_stage, lambda i: f"{i['path']}"),
+    ]
+    if card_dir is None:
+        stages += [
+            StageSpec("shadow", finetune("shadow", "shadow_members"),
+                      lambda i: f"fine-tuned on {i['rows_in']} tasks, final loss {i.get('final_loss')}"),
+            StageSpec("collect_shadow", collect(lambda: runner.info["shadow"]["model"],
+                                                lambda: set(split()["shadow_members"])),
+                      lambda i: f"{i.get('rows_out')} tasks, {i.get('exec_status')}"),
+            StageSpec("card", card_stage, lambda i: f"card {i['card_id']}: {len(i['detectors'])} detectors"),
+        ]
+    if card_only:
+        return stages
+    if planted:
+        stages.append(StageSpec("target", finetune("target", "planted_members"),
+                                lambda i: f"planted leak: fine-tuned on {i['rows_in']} tasks"))
+    stages.append(StageSpec("collect_target", collect(target_model, planted_members),
+                            lambda i: f"{i.get('rows_out')} tasks, {i.get('exec_status')}"))
+    if a.corpus:
+        stages.append(StageSpec("screen", screen_stage, lambda i: f"{i['rows_out']} samples with a near-duplicate"))
+    return stages
+
+
+def card_meta(cfg: AuditConfig, tasks: list[dict], base_path: str) -> dict:
+    """What a card records of how it was made (so a reuse can be checked against it)."""
+    from leakray.runs import content_hash as h
+
+    return {
+        "benchmark": {"name": cfg.benchmark.name, "n_tasks": len(tasks),
+                      "digest": h([[t[T.TASK_ID], t[T.REFERENCE]] for t in tasks])},
+        "shadow": {"base": cfg.model.base, "base_path": base_path, "finetune": cfg.shadow.model_dump(),
+                   "shadow_seed": cfg.audit.shadow_seed},
+        "collection": collection_settings(cfg),
+        "validation_share": cfg.audit.validation_share, "calibration_method": cfg.audit.calibration,
+        "fpr": cfg.audit.fpr, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def collection_settings(cfg: AuditConfig) -> dict:
+    """The settings a detector's features depend on: a card applied to a collection made
+    otherwise sees other feature distributions."""
+    s = cfg.sample
+    return {"k": s.k, "temperature": s.temperature, "top_p": s.top_p, "max_new_tokens": s.max_new_tokens,
+            "embed": cfg.embed.model_dump(), "reference_model": cfg.columns.reference_model,
+            "upper_case": cfg.columns.upper_case}
+
+
+def run_audit(cfg: AuditConfig, console: Console | None = None, card_only: bool = False) -> Path:
+    """Run (or resume) an audit; returns its directory (report.json, report.md, report.html).
+    ``card_only``: stop once the detector card is built (`leakray card build`)."""
+    from leakray.pipelines.ray_runtime import ensure_ray
+    from leakray.report.audit import write_audit_report
+
+    console = console or Console()
+    t_start = time.perf_counter()
+    tasks = load_tasks(cfg)
+    isolation = preflight_isolation(cfg)
+    card_dir = Path(cfg.audit.card).expanduser().resolve() if cfg.audit.card else None
+    card_id = DetectorCard(card_dir).id if card_dir else None
+    digest = content_hash([[t[T.TASK_ID], t[T.PROMPT], t[T.REFERENCE], t[T.TESTS]] for t in tasks])
+    if card_only:  # a card depends on the shadow's side only: the same card serves any target
+        if card_dir:
+            raise BadInput("card build makes a card; it cannot reuse one", field="audit.card")
+        hashed = cfg.model_dump(include={"benchmark", "model", "shadow", "sample", "columns", "embed", "detect"})
+        hashed["audit"] = cfg.audit.model_dump(include={"shadow_seed", "validation_share", "calibration", "fpr"})
+        run_dir = output_root(cfg.output_dir) / f"card-{cfg.benchmark.name}-{content_hash(hashed, digest)}"
+    else:
+        key = content_hash(cfg.hashed(), digest, card_id)
+        run_dir = output_root(cfg.output_dir) / f"audit-{cfg.benchmark.name}-{key}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / "config.json", cfg.model_dump())
+    log_file = setup_logging(run_dir / "logs", console.verbose)
+    console.say(f"audit directory {run_dir} ({len(tasks)} tasks; logs in {log_file.relative_to(run_dir)})")
+    if card_dir:
+        card = DetectorCard(card_dir)
+        console.say(f"reusing detector card {card.id} ({card_dir}): no shadow fine-tuning")
+        for line in card_mismatches(card, cfg, tasks):
+            console.warn(line)
+    ensure_ray(cfg.ray.address, verbose=console.verbose, log_dir=run_dir / "logs")
+    runner = StageRunner(run_dir, console)
+    runner.run(audit_stages(cfg, tasks, runner, isolation, card_dir, card_only))
+    card = DetectorCard(card_dir or runner.dir("card"))
+    if card_only:
+        console.say(f"detector card {card.id}: {card.path} (reuse it: leakray audit --card {card.path})")
+        return card.path
+    report = write_audit_report(run_dir, cfg, tasks, card, isolation,
+                                {"total_this_invocation": round(time.perf_counter() - t_start, 1)})
+    p = report["summary"]["prevalence"]
+    console.say(f"leaked fraction {p['estimate']:.1%} (95% CI {_pct(p['ci'][0])}–{_pct(p['ci'][1])}, {p['method']}"
+                f" with {report['summary']['primary_detector']}); verdicts {report['summary']['verdicts']}")
+    console.say(f"report: {run_dir / 'report.html'}")
+    return run_dir
+
+
+def card_mismatches(card: DetectorCard, cfg: AuditConfig, tasks: list[dict]) -> list[str]:
+    out = []
+    if card.meta["benchmark"]["name"] != cfg.benchmark.name:
+        out.append(f"the card was built on {card.meta['benchmark']['name']}, not {cfg.benchmark.name}: "
+                   "its calibration transfers only as far as the benchmarks resemble each other")
+    mine, theirs = collection_settings(cfg), card.meta.get("collection", {})
+    differ = sorted(k for k in mine if theirs.get(k) != mine[k])
+    if differ:
+        out.append(f"collection settings differ from the card's ({', '.join(differ)}): features may shift")
+    return out
+
+
+def _pct(v) -> str:
+    return "–" if v is None else f"{v:.1%}"
+
+
+def pass_at_1(table: pa.Table) -> np.ndarray:
+    """Per task: passed samples / k (NaN where the task has no tests)."""
+    passed = table.column(C.PASSED).to_pylist()
+    tested = table.column(C.HAS_TESTS).to_pylist()
+    return np.array([np.mean(p) if t and p else np.nan for p, t in zip(passed, tested)], dtype=np.float64)
+
+
+def closest_completion(table: pa.Table) -> tuple[list[str | None], list[float | None]]:
+    """The completion nearest the reference (smallest token edit distance) and 1 - that distance."""
+    comps, dists = table.column(C.COMPLETIONS).to_pylist(), table.column(C.EDIT_DISTANCE).to_pylist()
+    best, sim = [], []
+    for c, d in zip(comps, dists):
+        if not c or not d:
+            best.append(None)
+            sim.append(None)
+            continue
+        i = int(np.argmin(d))
+        best.append(c[i])
+        sim.append(float(1.0 - d[i]))
+    return best, sim
+
+
+def member_scores_table(task_ids: list[str], scores: dict[str, np.ndarray], member) -> pa.Table:
+    parts = [pa.table({S.TASK_ID: task_ids, S.DETECTOR: [n] * len(task_ids), S.SCORE: s.astype(np.float64),
+                       S.MEMBER: np.asarray(member, np.int8)}) for n, s in scores.items()]
+    return pa.concat_tables(parts) if parts else pa.table({S.TASK_ID: pa.array([], pa.string())})

@@ -1,0 +1,40 @@
+"""Building a detector card from a shadow collection: fit every detector on one half of
+the shadow's tasks, then measure, calibrate and set cuts on the other half, which no
+detector trained or chose a threshold on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from leakray.detect.card import DETECTORS_DIR, DetectorCard, write_card
+from leakray.evaluate.calibration import calibration_report, fit_calibrator
+from leakray.evaluate.thresholds import choose_threshold
+from leakray.schema import S
+
+
+def build_card(shadow: pa.Table, cfg, out: Path, *, storage: Path, meta: dict) -> DetectorCard:
+    from leakray.pipelines.audit import stratified_half
+    from leakray.pipelines.detectors import evaluate_detectors
+    from leakray.pipelines.simulate import learned_detectors
+
+    a, d = cfg.audit, cfg.detect
+    fit, val = stratified_half(shadow, a.validation_share, a.shadow_seed)
+    result = evaluate_detectors(fit, val, d.cgmia_config(), d.seeds, use_ray_train=d.use_ray_train,
+                                storage_path=storage, save_dir=out / DETECTORS_DIR, threshold_rule=d.threshold_rule,
+                                bootstrap=d.bootstrap, detectors=learned_detectors(cfg), detector_params=d.params,
+                                trace_memory=d.trace_memory)
+    scores = result["scores"].to_pandas()
+    calibration, quality, cuts = {}, {}, {}
+    for name in result["median"]:
+        seed = d.seeds[0] if result["specs"][name]["learns"] else scores[scores[S.DETECTOR] == name][S.SEED].iloc[0]
+        rows = scores[(scores[S.DETECTOR] == name) & (scores[S.SEED] == seed)]
+        y, s = rows[S.MEMBER].to_numpy(np.int64), rows[S.SCORE].to_numpy(np.float64)
+        calibration[name] = fit_calibrator(y, s, a.calibration).to_dict()
+        quality[name] = calibration_report(y, s, a.calibration, seed=a.shadow_seed)
+        th = choose_threshold(y, s, f"shadow_fpr:{a.fpr}", chosen_on="shadow validation rows")
+        cuts[name] = {"cut": th.value, "fpr": th.fpr, "tpr": th.tpr, "target_fpr": a.fpr}
+    return write_card(out, result=result, val_table=val, calibration=calibration, calibration_quality=quality,
+                      suspect_cuts=cuts, meta=meta)
