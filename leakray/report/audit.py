@@ -76,6 +76,12 @@ def _thin(v) -> list[float]:
     return [round(float(x), 5) for x in v]
 
 
+def top_detectors(dmeta: dict, scores: dict, primary: str, n: int = 8) -> list[str]:
+    """The primary detector and the best others by shadow-validation AUC (a readable plot)."""
+    ranked = sorted((d for d in dmeta if d in scores), key=lambda d: -(dmeta[d]["validation"].get("auc") or 0))
+    return [primary] + [d for d in ranked if d != primary][: n - 1]
+
+
 def truth_check(member: np.ndarray, scores: dict[str, np.ndarray]) -> dict | None:
     """With a planted target the truth is known: each detector's AUC on the target itself."""
     from sklearn.metrics import roc_auc_score
@@ -145,7 +151,7 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
                           "target_auc": (truth_check(member, scores) or {}).get(n)}
                       for n in dmeta if n in scores},
         "skipped": {**card.meta.get("skipped", {}), **skipped},
-        "curves": curves(card, [n for n in dmeta if n in scores]),
+        "curves": curves(card, top_detectors(dmeta, scores, primary)),
         "calibration": {**dmeta[primary]["calibration_quality"],
                         "brier_uncalibrated": dmeta[primary]["calibration_quality"]["brier_base_rate"]},
         "truth": {"planted": a.target == "planted", "member_fraction": a.member_fraction,

@@ -9,6 +9,7 @@ from the stage markers, and the sandbox isolation the generated code ran under."
 from __future__ import annotations
 
 import json
+import logging
 import math
 import platform
 from pathlib import Path
@@ -136,6 +137,11 @@ def write_report(run_dir: Path, cfg: dict, timings: dict) -> dict:
     }
     write_json_atomic(run_dir / "report.json", report)
     (run_dir / "report.md").write_text(render_markdown(report))
+    try:  # the HTML is a view of report.json: a failure costs the view, never the run
+        from leakray.report.html import write_simulate_html
+        write_simulate_html(run_dir)
+    except Exception as exc:  # noqa: BLE001
+        logging.getLogger(__name__).warning("report.html not written: %s: %s", type(exc).__name__, exc)
     return report
 
 

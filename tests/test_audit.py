@@ -1,0 +1,172 @@
+"""`leakray audit`: the leaked-fraction estimators, calibration and inflation on fixed
+synthetic inputs, a detector card's save/reuse, and the audit end to end on a local Ray
+(a planted leak, then the same audit again from its card with no fine-tuning)."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from cgmia_data import synthetic_collection
+from conftest import ROOT
+
+from leakray.errors import BadInput
+from leakray.evaluate.calibration import Calibrator, calibration_report, fit_calibrator, reliability
+from leakray.evaluate.inflation import inflation
+from leakray.evaluate.prevalence import adjusted_count, em_prior, estimate_prevalence
+
+
+def _scores(n_pos, n_neg, rng, shift=1.5):
+    return np.concatenate([rng.normal(shift, 1, n_pos), rng.normal(0, 1, n_neg)])
+
+
+@pytest.mark.parametrize("truth", [0.0, 0.2, 0.5])
+def test_adjusted_count_recovers_prevalence_where_counting_is_biased(truth):
+    rng = np.random.default_rng(int(truth * 10))
+    val_y = np.r_[np.ones(300, int), np.zeros(300, int)]
+    val_s = _scores(300, 300, rng)
+    n = 600
+    target = _scores(int(truth * n), n - int(truth * n), rng)
+    cal = fit_calibrator(val_y, val_s)
+    est = estimate_prevalence(target, val_y, val_s, cal.predict, n_boot=300, seed=0)
+    assert abs(est["acc"] - truth) < 0.08 and abs(est["em"] - truth) < 0.08
+    assert est["ci"][0] <= truth <= est["ci"][1]
+    if truth == 0.0:  # counting flags the FPR share of a clean benchmark; the correction does not
+        assert est["classify_and_count"] > 0.1 and est["ci"][0] == 0.0
+    assert est["usable"]
+
+
+def test_estimators_on_exact_rates():
+    assert adjusted_count(q=0.3, tpr=0.8, fpr=0.1) == pytest.approx((0.3 - 0.1) / 0.7)
+    assert adjusted_count(q=0.05, tpr=0.8, fpr=0.1) == 0.0  # clipped
+    assert adjusted_count(q=0.4, tpr=0.1, fpr=0.1) == 0.4  # no separation: the raw share, flagged unusable
+    # perfectly calibrated posteriors for prior 0.5 on a target whose prior is 0.2: EM finds 0.2
+    rng = np.random.default_rng(0)
+    y = rng.random(20000) < 0.2
+    s = np.where(y, rng.normal(1, 1, y.size), rng.normal(0, 1, y.size))
+    post = 1 / (1 + np.exp(-(s - 0.5)))  # exact posterior of N(1,1) vs N(0,1) at prior 0.5
+    assert em_prior(post, 0.5) == pytest.approx(0.2, abs=0.02)
+
+
+def test_unusable_detector_is_said():
+    rng = np.random.default_rng(1)
+    val_y = np.r_[np.ones(100, int), np.zeros(100, int)]
+    same = np.r_[np.arange(100.0), np.arange(100.0)]  # members and non-members score alike: no separation
+    est = estimate_prevalence(rng.normal(size=100), val_y, same, n_boot=50)
+    assert not est["usable"] and "raw flagged share" in est["why_unusable"]
+    with pytest.raises(BadInput):
+        estimate_prevalence([1.0], val_y, rng.normal(size=200), method="em")  # EM needs a calibrator
+
+
+@pytest.mark.parametrize("method", ["isotonic", "platt"])
+def test_calibrator_round_trip_and_quality(method):
+    rng = np.random.default_rng(2)
+    y = np.r_[np.ones(200, int), np.zeros(200, int)]
+    s = _scores(200, 200, rng, shift=2.0)
+    cal = fit_calibrator(y, s, method)
+    again = Calibrator.from_dict(json.loads(json.dumps(cal.to_dict())))
+    grid = np.linspace(-3, 5, 50)
+    assert np.allclose(cal.predict(grid), again.predict(grid))
+    assert np.all(np.diff(cal.predict(grid)) >= -1e-12) and cal.predict(grid).min() >= 0 and cal.predict(grid).max() <= 1
+    q = calibration_report(y, s, method)
+    assert q["brier"] < q["brier_base_rate"] - 0.05  # informative scores beat the base rate, out of fold
+    rel = reliability(y, cal.predict(s))
+    assert sum(rel["count"]) == len(y) and len(rel["mean_predicted"]) == len(rel["fraction_positive"])
+    with pytest.raises(BadInput):
+        fit_calibrator(np.ones(5, int), np.arange(5.0))
+
+
+def test_inflation_ratio_and_unbounded_case():
+    pass1 = np.r_[np.full(10, 0.5), np.full(30, 0.1), [np.nan]]
+    flagged = np.r_[np.ones(10, bool), np.zeros(31, bool)]
+    out = inflation(pass1, flagged, n_boot=200)
+    assert out["ratio"] == pytest.approx(5.0) and out["n_flagged"] == 10 and out["n_tested"] == 40
+    assert out["score_clean"] == pytest.approx(0.1) and out["score_all"] == pytest.approx((5 + 3) / 40)
+    zero = inflation(np.r_[np.full(5, 0.4), np.zeros(5)], np.r_[np.ones(5, bool), np.zeros(5, bool)], n_boot=50)
+    assert zero["ratio"] is None and "unbounded" in zero["why"] and zero["difference"] == pytest.approx(0.4)
+
+
+def test_card_saves_and_reuses_the_same_scores(tmp_path):
+    from leakray.config import AUDIT_DEFAULTS, AuditConfig, load_config
+    from leakray.detect.card import DetectorCard
+    from leakray.pipelines.card import build_card
+
+    cfg = load_config([AUDIT_DEFAULTS], ["detect.detectors=[cgmia,ref_loss]", "detect.use_ray_train=false",
+                                         "detect.cgmia.epochs=3", "detect.bootstrap=20"], AuditConfig)
+    shadow = synthetic_collection(n=80, seed=3, signal=1.0, prefix="s")
+    target = synthetic_collection(n=40, seed=4, signal=1.0, prefix="t")
+    card = build_card(shadow, cfg, tmp_path / "card", storage=tmp_path / "ray", meta={"benchmark": {"name": "x"}})
+    assert set(card.names) == {"cgmia", "ref_loss"} and card.meta["n_val"] == 40
+    first, skipped = card.score(target)
+    again, _ = DetectorCard(tmp_path / "card").score(target)  # a fresh load: weights and projections from disk
+    for name in card.names:
+        assert np.array_equal(first[name], again[name])
+        y, s = card.val_scores(name)
+        assert len(y) == 40 and set(np.unique(y)) == {0, 1}
+    assert card.meta["detectors"]["cgmia"]["suspect_cut"]["fpr"] <= 0.05
+    with pytest.raises(BadInput):
+        DetectorCard(tmp_path)  # no card.json
+
+
+def test_audit_flags_are_config_overrides():
+    from leakray.pipelines.cli import audit_overrides
+    from leakray.cli import build_parser
+
+    args = build_parser().parse_args(["audit", "--target", "m/x", "--benchmark", "mbpp=/d/m.jsonl",
+                                      "--shadow-base", "b/y", "--card", "/c", "--corpus", "/k/*.py"])
+    assert audit_overrides(args) == ["audit.target=m/x", "benchmark.name=mbpp", "benchmark.path=/d/m.jsonl",
+                                     "model.base=b/y", "audit.card=/c", "audit.corpus=/k/*.py"]
+
+
+def test_audit_refuses_bad_input(tmp_path):
+    from leakray.cli import main
+
+    assert main(["audit", "--card", str(tmp_path)]) == 2  # not a card
+    assert main(["audit", "--set", "audit.member_fraction=1.5"]) == 2
+    assert main(["audit", "--set", "audit.detector=cgmai"]) == 2
+
+
+AUDIT = ["--quick", "--set", "detect.detectors=[ref_loss,min_k,gt_match,cgmia]", "--set", "target.epochs=25",
+         "--set", "shadow.epochs=25", "--set", "audit.member_fraction=0.25", "--set", "columns.upper_case=false"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_audit_end_to_end_then_reuse_card(ray_head, tmp_path):
+    _, _, gcs, env = ray_head
+    out = tmp_path / "runs"
+    env = dict(env, LEAKRAY_CACHE=str(tmp_path / "cache"))
+
+    def audit(*extra):
+        proc = subprocess.run([sys.executable, "-m", "leakray.cli", "audit", *AUDIT, *extra, "--output", str(out),
+                               "--address", gcs], env=env, capture_output=True, text=True, timeout=800, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc
+
+    audit()
+    (run,) = out.glob("audit-*")
+    report = json.loads((run / "report.json").read_text())
+    s = report["summary"]
+    assert s["n_tasks"] == 32 and sum(s["verdicts"].values()) == 32
+    p = s["prevalence"]
+    assert p["truth"] == 0.25 and 0 <= p["ci"][0] <= p["estimate"] <= p["ci"][1] <= 1
+    assert abs(p["estimate"] - p["truth"]) <= 0.25  # 32 tasks: a smoke bound; docs/AUDIT.md has the validation
+    assert report["truth"]["target_auc"]["ref_loss"] >= 0.9  # the planted leak is real
+    samples = pq.read_table(run / "samples.parquet").to_pylist()
+    assert len(samples) == 32 and {r["verdict"] for r in samples} <= {"suspected", "clean"}
+    assert all(0 <= r["probability"] <= 1 for r in samples)
+    removed = (run / "cleaned" / "removed_ids.txt").read_text().split()
+    assert len(removed) == s["inflation"]["n_flagged"] == s["verdicts"]["suspected"]
+    assert (run / "cleaned" / "HumanEval.jsonl.gz").exists() and (run / "report.html").exists()
+    assert (run / "report.md").read_text().startswith("# leakray audit")
+
+    audit("--card", str(run / "card"))  # the same target from the card: no shadow, no detector fitting
+    (reuse,) = [d for d in out.glob("audit-*") if d != run]
+    assert not (reuse / "shadow").exists() and not (reuse / "card").exists()
+    r2 = json.loads((reuse / "report.json").read_text())
+    assert r2["summary"]["card"] == s["card"]
+    a = pq.read_table(run / "scores.parquet").to_pandas()
+    b = pq.read_table(reuse / "scores.parquet").to_pandas()
+    assert a.equals(b)

@@ -1,0 +1,230 @@
+"""The self-contained HTML reports: escaping, missing keys, diff marks, and a real browser
+(headless Chromium through selenium) that renders, sorts and filters them."""
+
+import json
+import logging
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from leakray.errors import BadInput
+from leakray.report import html as rh
+from leakray.report import plots
+from leakray.schema import S
+
+HOSTILE = '</pre></td></tr></table><script>window.__pwned = 1;</script><img src=x onerror="window.__pwned=2">'
+VERDICT_OF = ("confirmed", "suspected", "clean", "clean", "clean")
+
+
+def _samples(n=30, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in rng.permutation(n):  # shuffled, so the table does not start sorted by probability
+        verdict = VERDICT_OF[i % len(VERDICT_OF)]
+        out.append({"task_id": f"task-{i:02d}", "prompt": f"def f{i}(a, b):\n    '''{HOSTILE}'''\n",
+                    "reference": f"    return a + b * {i}\n", "closest": f"    return a - b * {i}\n",
+                    "closest_similarity": float(rng.uniform()), "probability": float(rng.uniform()),
+                    "score": float(rng.normal()), "verdict": verdict,
+                    "passed": None if i == 3 else float(i % 2), "evidence": f"jaccard 0.{i} {HOSTILE}",
+                    "member": int(verdict != "clean")})
+    return out
+
+
+def _report():
+    curves = {name: {"roc": {"fpr": [0, 0.1, 0.4, 1], "tpr": [0, 0.5 + k, 0.8, 1]},
+                     "pr": {"recall": [0, 0.5, 1], "precision": [1, 0.8 - k, 0.5]}}
+              for name, k in (("cgmia", 0.2), ("min_k", 0.0))}
+    return {"title": f"audit {HOSTILE}",
+            "summary": {"benchmark": "humaneval", "n_tasks": 30, "target": "tiny-leaky", "card": None,
+                        "primary_detector": "cgmia",
+                        "prevalence": {"estimate": 0.21, "ci": [0.12, 0.3], "method": "adjusted classify-and-count",
+                                       "classify_and_count": 0.25, "em": 0.2, "truth": 0.2},
+                        "inflation": {"pass1_flagged": 0.8, "pass1_clean": 0.3, "ratio": 2.67, "ratio_ci": [1.5, 4.0],
+                                      "n_flagged": 12, "n_clean": 18, "score_all": 0.5, "score_clean": 0.3},
+                        "verdicts": {"confirmed": 6, "suspected": 6, "clean": 18},
+                        "threshold": {"fpr": 0.05, "score": 1.2, "probability": 0.7}},
+            "detectors": {"cgmia": {"auc": 0.93, "auc_ci": [0.88, 0.97], "tpr_at_5fpr": 0.6, "family": "learned",
+                                    "access": "logprobs"},
+                          "min_k": {"auc": 0.8, "auc_ci": [0.7, 0.9], "tpr_at_5fpr": 0.3, "family": "likelihood",
+                                    "access": "logprobs"}},
+            "curves": curves,
+            "calibration": {"method": "isotonic", "brier": 0.12, "brier_uncalibrated": 0.2,
+                            "reliability": {"mean_predicted": [0.1, 0.3, 0.5, 0.7, 0.9],
+                                            "fraction_positive": [0.05, 0.3, 0.55, 0.7, 0.95],
+                                            "count": [10, 5, 4, 5, 6]}},
+            "extra_plots": {"dose": plots.line_plot([0, 1, 3], {"cgmia": [0.5, 0.8, 0.95]}, "dose", "AUC"),
+                            "not svg": HOSTILE}}
+
+
+def test_hostile_text_is_escaped_everywhere():
+    page = rh.render_audit(_report(), _samples(5))
+    assert len(re.findall(r"<script", page)) == 1  # the report's own script only
+    assert "<img" not in page and "&lt;script&gt;window.__pwned" in page
+    assert "Plot “not svg” is not an SVG; not shown." in page
+
+
+def test_missing_keys_render_a_dash():
+    page = rh.render_audit({}, [{"task_id": "t1"}, {"task_id": "t2", "verdict": None, "probability": float("nan")}])
+    assert page.count('data-verdict=""') == 2 and "No plots." in page
+    assert 'data-v=""' in page and f">{rh.DASH}<" in page
+    assert rh.render_audit({"summary": {"prevalence": None, "inflation": {"ratio_ci": None}}}, [])
+
+
+def test_bad_sample_refused_with_row_and_field():
+    with pytest.raises(BadInput, match=r"row 1, field 'verdict'"):
+        rh.render_audit({}, [{"verdict": "clean"}, {"verdict": "leaked"}])
+    with pytest.raises(BadInput, match=r"row 0, field 'probability'"):
+        rh.render_audit({}, [{"probability": "high"}])
+
+
+def test_diff_marks_the_changed_token_only():
+    out = rh.diff_html("    return a + b\n", "    return a - b\n")
+    assert out == "    return a <del>+</del><ins>-</ins> b\n"
+    assert rh.diff_html("x = '<'", "x = '<'") == "x = &#x27;&lt;&#x27;"
+
+
+def test_a_failing_plot_costs_only_that_plot(monkeypatch, caplog):
+    def broken(*a, **k):
+        raise ValueError("odd data")
+
+    monkeypatch.setattr(plots, "histogram_plot", broken)
+    with caplog.at_level(logging.WARNING, logger="leakray.report.html"):
+        page = rh.render_audit(_report(), _samples(5))
+    assert "skipped: ValueError: odd data" in page and "odd data" in caplog.text
+    assert page.count("<svg") == 4  # ROC, PR, reliability, the extra line plot
+
+
+def test_plots_are_svg_and_take_gaps():
+    svgs = [plots.line_plot([1, 10, 100], {"a": [0.5, None, 0.9]}, "dose", "AUC", logx=True),
+            plots.bar_plot(["a", "b"], [0.5, None], "AUC", intervals=[[0.4, 0.6], None]),
+            plots.histogram_plot({"clean": [0.2, 0.2], "confirmed": []}, "p"),
+            plots.reliability_plot([0.2, 0.8], [0.1, 0.9], [3, 4])]
+    assert all(plots.is_svg(s) and "<?xml" not in s for s in svgs)
+
+
+def _sim_run(tmp_path: Path) -> Path:
+    """A tiny run dir: report.json with three detectors, scores of two (two seeds each)."""
+    run = tmp_path / "humaneval-tiny"
+    (run / "detect").mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    rows = []
+    for det, gap in (("cgmia", 2.0), ("zlib", 0.5)):
+        for seed in (0, 1):
+            for i in range(20):
+                member = i % 2
+                rows.append({S.TASK_ID: f"T/{i}", S.DETECTOR: det, S.SEED: seed, S.SCORE: rng.normal() + gap * member,
+                             S.PREDICTION: member, S.MEMBER: member})
+    pq.write_table(pa.Table.from_pylist(rows), run / "detect" / "scores.parquet")
+    report = {"run": run.name, "benchmark": {"name": "humaneval"}, "protocol": f"p {HOSTILE}",
+              "detectors": {"zlib": {"auc": 0.7, "auc_ci": [0.5, 0.85], "tpr_at_1fpr": 0.1, "tpr_at_5fpr": 0.2,
+                                     "mcc": 0.3, "family": "likelihood", "access": "logprobs", "cost": {"wall_s": 0.1}},
+                            "cgmia": {"auc": 0.95, "auc_ci": [0.9, 1.0], "tpr_at_1fpr": 0.5, "tpr_at_5fpr": 0.8,
+                                      "mcc": 0.8, "family": "learned", "access": "logprobs", "cost": None},
+                            "advprompt": {"auc": float("nan")}},
+              "skipped": {"codemi": "needs a reference model"}}
+    (run / "report.json").write_text(json.dumps(report))
+    return run
+
+
+def test_simulate_report_orders_by_auc_and_plots_first_seed(tmp_path):
+    out = rh.write_simulate_html(_sim_run(tmp_path))
+    page = out.read_text()
+    names = re.findall(r"<tr><td>(\w+)</td>", page)
+    assert names == ["cgmia", "zlib", "advprompt"]  # by AUC, NaN last
+    assert page.count("<svg") == 3 and "needs a reference model" in page and "<img" not in page
+
+
+# ---------------------------------------------------------------- real browser
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not (CHROMIUM and CHROMEDRIVER):
+        pytest.skip("no chromium/chromedriver on PATH (.ci/run installs Debian's chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1300,900"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    driver.set_page_load_timeout(30)
+    yield driver
+    driver.quit()
+
+
+def _open(driver, path: Path):
+    driver.get(path.resolve().as_uri())
+    driver.get_log("browser")  # drop entries from an earlier page
+
+
+def _no_console_errors(driver):
+    severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert not severe, severe
+
+
+def _probabilities(driver) -> list[float]:
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll('#samples tbody')).map("
+        "b => parseFloat(b.rows[0].cells[2].getAttribute('data-v')));")
+
+
+def test_audit_report_renders_sorts_and_filters_in_chromium(browser, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    samples = _samples(30)
+    _open(browser, rh.write_audit_html(tmp_path / "report.html", _report(), samples))
+
+    svgs = browser.find_elements(By.CSS_SELECTOR, "figure svg")
+    assert len(svgs) == 5 and all(s.size["width"] > 100 and s.size["height"] > 100 for s in svgs)
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#samples tbody")) == 30
+    assert browser.execute_script("return window.__pwned === undefined")
+
+    before = _probabilities(browser)
+    header = browser.find_element(By.XPATH, "//table[@id='samples']//th[normalize-space()='probability']")
+    header.click()
+    ascending = _probabilities(browser)
+    assert ascending == sorted(before) and ascending != before
+    header.click()
+    assert _probabilities(browser) == sorted(before, reverse=True)
+
+    # a sample's detail row travels with it and shows the diff when opened
+    first = browser.find_element(By.CSS_SELECTOR, "#samples tbody")
+    first.find_element(By.TAG_NAME, "summary").click()
+    assert first.find_element(By.CSS_SELECTOR, "pre del").text == "+"
+    assert first.find_element(By.CSS_SELECTOR, "pre ins").is_displayed()
+
+    visible = "return Array.from(document.querySelectorAll('#samples tbody')).filter(b => !b.hidden).length"
+    browser.find_element(By.ID, "filter-text").send_keys("task-07")
+    assert browser.execute_script(visible) == 1
+    browser.find_element(By.ID, "filter-text").clear()
+    browser.execute_script("document.getElementById('filter-text').dispatchEvent(new Event('input'))")
+    Select(browser.find_element(By.ID, "filter-verdict")).select_by_value("confirmed")
+    assert browser.execute_script(visible) == sum(s["verdict"] == "confirmed" for s in samples)
+    assert browser.find_element(By.ID, "shown").text == "6 of 30 samples shown"
+    _no_console_errors(browser)
+
+
+def test_simulate_report_renders_in_chromium(browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    _open(browser, rh.write_simulate_html(_sim_run(tmp_path)))
+    svgs = browser.find_elements(By.CSS_SELECTOR, "figure svg")
+    assert len(svgs) == 3 and all(s.size["width"] > 100 for s in svgs)
+    browser.find_element(By.XPATH, "//th[normalize-space()='wall s']").click()
+    rows = browser.find_elements(By.CSS_SELECTOR, "#detectors tbody tr")
+    names = [r.find_element(By.TAG_NAME, "td").text for r in rows]
+    assert names == ["zlib", "cgmia", "advprompt"]  # by wall time; missing ones last
+    _no_console_errors(browser)
