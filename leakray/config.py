@@ -65,28 +65,39 @@ def to_stage(section: Section):
 class BenchmarkConfig(Section):
     name: str = "humaneval"  # a registered reader (humaneval, mbpp, classeval, ...)
     path: str | None = None  # None: where the reader's data ships (only humaneval ships)
+    # several benchmarks in one run (a row each in one report): readers, with paths where they do not ship
+    names: list[str] = Field(default_factory=list)
+    paths: dict[str, str] = Field(default_factory=dict)
     limit: int | None = Field(None, ge=4)  # first N tasks only (smoke runs)
     folds: Literal[4] = 4  # the simulated-leak protocol's D1..D4
     fold_seed: int = 0
 
     @model_validator(mode="after")
     def _reader_and_path(self):
-        import inspect
-
-        from leakray.data.registry import DEFAULT_PATHS, READERS
-
-        if self.name not in READERS:
-            raise ValueError(f"unknown benchmark {self.name!r}; known: {', '.join(sorted(READERS))}")
-        if self.path is None and DEFAULT_PATHS.get(self.name) is None:
-            first = next(iter(inspect.signature(READERS[self.name]).parameters.values()))
-            if first.default is inspect.Parameter.empty:
-                raise ValueError(f"benchmark {self.name!r} ships no data: set benchmark.path to its file")
-        if self.path is not None and not Path(self.path).expanduser().exists():
-            raise ValueError(f"benchmark.path {self.path!r} does not exist")
-        if self.name == "classeval":
-            _need_modules(("docx", "openpyxl", "PIL", "nltk"), "classeval",
-                          "benchmark classeval (its references import them in the sandbox)")
+        for name in [self.name, *self.names]:
+            _check_reader(name, self.paths.get(name, self.path if name == self.name else None))
+        unknown = set(self.paths) - set(self.names)
+        if unknown:
+            raise ValueError(f"benchmark.paths names {sorted(unknown)} that are not in benchmark.names")
         return self
+
+
+def _check_reader(name: str, path: str | None) -> None:
+    import inspect
+
+    from leakray.data.registry import DEFAULT_PATHS, READERS
+
+    if name not in READERS:
+        raise ValueError(f"unknown benchmark {name!r}; known: {', '.join(sorted(READERS))}")
+    if path is None and DEFAULT_PATHS.get(name) is None:
+        first = next(iter(inspect.signature(READERS[name]).parameters.values()))
+        if first.default is inspect.Parameter.empty:
+            raise ValueError(f"benchmark {name!r} ships no data: set benchmark.path to its file (benchmark.paths in a multi-benchmark run)")
+    if path is not None and not Path(path).expanduser().exists():
+        raise ValueError(f"benchmark path {path!r} does not exist")
+    if name == "classeval":
+        _need_modules(("docx", "openpyxl", "PIL", "nltk"), "classeval",
+                      "benchmark classeval (its references import them in the sandbox)")
 
 
 Positive = Annotated[int, Field(ge=1)]
@@ -101,11 +112,21 @@ TinySection = _stage_section(TinyLMConfig, "TinySection", types={
 class ModelConfig(Section):
     base: str = "tiny"  # "tiny": build + pretrain locally (cached); else an HF id or a local path
     tiny: TinySection = Field(default_factory=TinySection)
+    # the shadow's own base (a mismatched shadow, as an auditor's would be): null = model.base;
+    # "tiny-alt": a second local model (shadow_tiny: other width/depth, seed and data); or an HF id/path
+    shadow_base: str | None = None
+    shadow_tiny: TinySection = Field(default_factory=lambda: TinySection(
+        n_layer=6, n_embd=192, n_head=6, seed=1, corpus_mb=6.0))
 
     @field_validator("base")
     @classmethod
     def _base(cls, v: str) -> str:
         return v if v == "tiny" else check_model_ref(v, "model.base")
+
+    @field_validator("shadow_base")
+    @classmethod
+    def _shadow_base(cls, v: str | None) -> str | None:
+        return v if v in (None, "tiny", "tiny-alt") else check_model_ref(v, "model.shadow_base")
 
 
 FinetuneSection = _stage_section(FinetuneConfig, "FinetuneSection", types={
@@ -238,6 +259,15 @@ class DetectConfig(Section):
         return CGMIAConfig.from_dict(self.cgmia)
 
 
+class LeakConfig(Section):
+    """How the target (and the shadow) came to see their members."""
+
+    mode: Literal["finetune"] = "finetune"  # the CGMIA protocol: fine-tune on D1 (shadow: D3)
+    # share of the evaluated target tasks that are members (D1 subsampled, or D2 when over 0.5);
+    # the shadow stays at one half: an auditor does not know the prevalence
+    member_fraction: float = Field(0.5, gt=0, lt=1)
+
+
 class RayConfig(Section):
     address: str | None = None  # None: RAY_ADDRESS if set, else a fresh local Ray
     sample_actors: int = Field(2, ge=1)
@@ -252,6 +282,7 @@ class SimulateConfig(Section):
 
     benchmark: BenchmarkConfig = Field(default_factory=BenchmarkConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
+    leak: LeakConfig = Field(default_factory=LeakConfig)
     # D1 leaked into the base (target); D3 into a fresh copy (shadow). A 4M-parameter model barely
     # moves under LoRA, so the offline default is full fine-tuning; 15 epochs give a graded leak.
     target: FinetuneSection = _finetune(method="full", epochs=15, lr=1e-3, batch_size=1, max_length=1024, seed=1)

@@ -12,6 +12,7 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 
 from leakray.config import SimulateConfig, to_stage
@@ -65,13 +66,28 @@ def collect_config(cfg: SimulateConfig, base_path: str | None = None):
     )
 
 
-def base_model(cfg: SimulateConfig) -> tuple[str, dict]:
+def base_model(cfg: SimulateConfig, which: str = "base") -> tuple[str, dict]:
+    """(path, stats) of the target's base ("base") or the shadow's ("shadow_base")."""
     from leakray.models.offline import ensure_base_model
 
-    if cfg.model.base != "tiny":
-        return cfg.model.base, {"name": cfg.model.base}
-    path, stats = ensure_base_model(to_stage(cfg.model.tiny))
+    ref = cfg.model.base if which == "base" else (cfg.model.shadow_base or cfg.model.base)
+    if ref not in ("tiny", "tiny-alt"):
+        return ref, {"name": ref}
+    path, stats = ensure_base_model(to_stage(cfg.model.tiny if ref == "tiny" else cfg.model.shadow_tiny))
     return str(path), stats
+
+
+def evaluated_members(members: list[dict], non_members: list[dict], fraction: float, seed: int):
+    """Subsample the larger side so members are ``fraction`` of the evaluated tasks (seeded,
+    by task); 0.5 keeps both folds whole."""
+    rng = np.random.default_rng([seed, 17])
+    n_mem, n_non = len(members), len(non_members)
+    if fraction <= 0.5:
+        n_mem = min(n_mem, max(1, round(fraction / (1 - fraction) * n_non)))
+    else:
+        n_non = min(n_non, max(1, round((1 - fraction) / fraction * n_mem)))
+    pick = lambda rows, n: [rows[i] for i in sorted(rng.permutation(len(rows))[:n])]  # noqa: E731
+    return pick(members, n_mem), pick(non_members, n_non)
 
 
 def preflight_isolation(cfg: SimulateConfig) -> str:
@@ -108,16 +124,21 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
                               allow_weak_isolation=cfg.execute.allow_weak_isolation)
         return {"rows_in": len(tasks), "rows_out": len(tasks), "kept": kept}
 
-    def base_stage(out: Path) -> dict:
-        path, stats = base_model(cfg)
-        return {"path": path, "stats": stats}
+    def base_stage(which: str):
+        def run(out: Path) -> dict:
+            path, stats = base_model(cfg, which)
+            return {"path": path, "stats": stats}
+        return run
+
+    def base_of(role: str) -> str:
+        return runner.info["shadow_base" if role == "shadow" and cfg.model.shadow_base else "base"]["path"]
 
     def finetune_stage(role: str):
         def run(out: Path) -> dict:
             from leakray.pipelines.train import finetune_on_ray
 
             texts = [training_text(t) for t in by_fold()[ROLES[role][0]]]
-            stats = finetune_on_ray(runner.info["base"]["path"], texts, to_stage(getattr(cfg, role)), out / "model",
+            stats = finetune_on_ray(base_of(role), texts, to_stage(getattr(cfg, role)), out / "model",
                                     name=f"{role}-{runner.run_dir.name}", storage=runner.run_dir / "ray_train",
                                     num_workers=cfg.ray.train_workers, use_gpu=cfg.ray.use_gpu)
             return {"rows_in": len(texts), "rows_out": len(texts), **stats}
@@ -128,14 +149,17 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
             member, other = ROLES[role]
             folds = json.loads((runner.dir("folds") / "folds.json").read_text())
             groups = by_fold()
-            members = {t[T.TASK_ID] for t in groups[member]}
-            table = col.input_table(groups[member] + groups[other], folds, members)
+            mem, non = groups[member], groups[other]
+            if role == "target" and cfg.leak.member_fraction != 0.5:
+                mem, non = evaluated_members(mem, non, cfg.leak.member_fraction, cfg.benchmark.fold_seed)
+            members = {t[T.TASK_ID] for t in mem}
+            table = col.input_table(mem + non, folds, members)
             if cfg.columns.advprompt:
                 from leakray.pipelines.perturb import attach_variants
 
                 table = attach_variants(table, runner.dir("perturb") / "variants.parquet")
             t0 = time.perf_counter()
-            ccfg = collect_config(cfg, runner.info["base"]["path"])
+            ccfg = collect_config(cfg, base_of(role))
             coll = col.collect_on_ray(table, str(runner.dir(role) / "model"), ccfg, out)
             stats = col.collection_stats(coll, time.perf_counter() - t0, out / "errors.parquet")
             col.write_collection(coll, out / "collection.parquet", stats)
@@ -176,7 +200,9 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
         *([StageSpec("perturb", perturb_stage, lambda i: "AdvPrompt variants kept: " + ", ".join(
             f"{k} {v['rate']:.0%}" for k, v in i["kept"].items() if v.get("rate") is not None))]
           if cfg.columns.advprompt else []),
-        StageSpec("base", base_stage, lambda i: f"{i['path']} (val loss {i['stats'].get('val_loss', '?')})"),
+        StageSpec("base", base_stage("base"), lambda i: f"{i['path']} (val loss {i['stats'].get('val_loss', '?')})"),
+        *([StageSpec("shadow_base", base_stage("shadow_base"), lambda i: f"shadow's own base {i['path']} "
+                     f"(val loss {i['stats'].get('val_loss', '?')})")] if cfg.model.shadow_base else []),
         *(StageSpec(role, finetune_stage(role),
                     lambda i, role=role: f"fine-tuned on D{ROLES[role][0] + 1} ({i['rows_in']} tasks), "
                                          f"final loss {i.get('final_loss')}")
@@ -207,11 +233,40 @@ def merge_results(result: dict, evaluate, name: str) -> None:
 
 
 def run_simulation(cfg: SimulateConfig, console: Console | None = None) -> Path:
-    """Run (or resume) the protocol; returns the run directory holding report.json/report.md."""
+    """Run (or resume) the protocol; returns the run directory holding report.json/report.md.
+    With ``benchmark.names`` it runs once per benchmark under one directory and compares them."""
+    console = console or Console()
+    if cfg.benchmark.names:
+        return run_benchmarks(cfg, console)
+    return run_one(cfg, console)
+
+
+def run_benchmarks(cfg: SimulateConfig, console: Console) -> Path:
+    """One run per benchmark (each resumable on its own) under ``multi-<hash>/``, then the
+    paper-style comparison across them (`leakray compare` on that directory)."""
+    from leakray.report.compare import compare
+
+    parent = output_root(cfg.output_dir) / f"multi-{content_hash(cfg.hashed())}"
+    runs = []
+    for name in cfg.benchmark.names:
+        bench = cfg.benchmark.model_copy(update={"name": name, "path": cfg.benchmark.paths.get(name), "names": [],
+                                                 "paths": {}})
+        sub = cfg.model_copy(update={"benchmark": bench, "output_dir": str(parent)})
+        console.say(f"benchmark {name} ({len(runs) + 1}/{len(cfg.benchmark.names)})")
+        runs.append(run_one(sub, console))
+    try:
+        compare([parent], parent / "compare", metrics=["auc", "tpr_at_5fpr", "mcc"])
+    except BadInput as exc:  # e.g. the reference detector was not run: the per-benchmark reports stand
+        console.warn(f"no comparison across benchmarks: {exc}")
+        return parent
+    console.say(f"comparison across {len(runs)} benchmarks: {parent / 'compare' / 'compare.md'}")
+    return parent
+
+
+def run_one(cfg: SimulateConfig, console: Console) -> Path:
     from leakray.pipelines.ray_runtime import ensure_ray
     from leakray.report.simulate import write_report
 
-    console = console or Console()
     t_start = time.perf_counter()
     tasks = load_tasks(cfg)
     isolation = preflight_isolation(cfg)
