@@ -262,10 +262,29 @@ class DetectConfig(Section):
 class LeakConfig(Section):
     """How the target (and the shadow) came to see their members."""
 
-    mode: Literal["finetune"] = "finetune"  # the CGMIA protocol: fine-tune on D1 (shadow: D3)
+    # finetune: the CGMIA protocol (fine-tune on D1; shadow on D3). pretrain-mix: continue pretraining
+    # on a clean corpus with each member inserted `dose` times. dose-sweep: pretrain-mix at each of `doses`
+    mode: Literal["finetune", "pretrain-mix", "dose-sweep"] = "finetune"
     # share of the evaluated target tasks that are members (D1 subsampled, or D2 when over 0.5);
     # the shadow stays at one half: an auditor does not know the prevalence
     member_fraction: float = Field(0.5, gt=0, lt=1)
+    dose: int = Field(4, ge=1)  # pretrain-mix: copies of each member in the mixture
+    doses: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1, 4, 16], min_length=1)
+    steps: int = Field(300, ge=1)  # continued pretraining: steps of batch_size x seq_len tokens (the budget)
+    batch_size: int = Field(8, ge=1)
+    seq_len: int = Field(384, ge=8)
+    lr: float = Field(5e-4, gt=0)
+    warmup_ratio: float = Field(0.05, ge=0, lt=1)
+    seed: int = 0  # the target's mixture and training order; the shadow's is seed + 1
+    corpus_max_bytes: int = Field(8_000_000, ge=1)  # clean corpus: site-packages source, screened
+    threads: int = Field(1, ge=1)
+
+    def mix(self, dose: int | None = None, role: str = "target"):
+        from leakray.leak.mixture import MixConfig
+
+        return MixConfig(dose=dose or self.dose, steps=self.steps, batch_size=self.batch_size, seq_len=self.seq_len,
+                         lr=self.lr, warmup_ratio=self.warmup_ratio, seed=self.seed + (role == "shadow"),
+                         corpus_max_bytes=self.corpus_max_bytes, threads=self.threads)
 
 
 class RayConfig(Section):

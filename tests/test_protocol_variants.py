@@ -76,3 +76,37 @@ class _Quiet:
         pass
 
     warn = say
+
+
+def _fake_report(run, dose):
+    """A finished pretrain-mix run: the leak grows with the dose for ref_loss, never for cdd."""
+    run.mkdir(parents=True)
+    auc = {1: 0.55, 4: 0.7, 16: 0.9}[dose]
+    (run / "report.json").write_text(json.dumps({"detectors": {
+        "ref_loss": {"auc": auc, "auc_ci": [auc - 0.12, min(1.0, auc + 0.1)], "tpr_at_5fpr": auc / 2,
+                     "family": "likelihood"},
+        "cdd": {"auc": 0.5, "auc_ci": [0.4, 0.6], "tpr_at_5fpr": 0.05, "family": "generation"}}}))
+    (run / "target").mkdir()
+    (run / "target" / "_DONE.json").write_text(json.dumps({"member_token_share": 0.0074 * dose}))
+    return run
+
+
+def test_dose_sweep_runs_each_dose_and_draws_the_detectability_curve(monkeypatch, tmp_path):
+    seen = []
+
+    def fake_run_one(cfg, console):
+        seen.append((cfg.leak.mode, cfg.leak.dose))
+        return _fake_report(simulate.output_root(cfg.output_dir) / f"d{cfg.leak.dose}", cfg.leak.dose)
+
+    monkeypatch.setattr(simulate, "run_one", fake_run_one)
+    cfg = load_config([], ["leak.mode=dose-sweep", "leak.doses=[16,1,4]", f"output_dir={tmp_path}"])
+    parent = simulate.run_simulation(cfg, console=_Quiet())
+    assert seen == [("pretrain-mix", 1), ("pretrain-mix", 4), ("pretrain-mix", 16)]
+    curve = json.loads((parent / "detectability.json").read_text())
+    assert curve["doses"] == [1, 4, 16] and curve["detectors"]["ref_loss"]["auc"] == [0.55, 0.7, 0.9]
+    assert curve["detectors"]["ref_loss"]["smallest_dose_detected"] == 4  # 0.58 > 0.5 first at dose 4
+    assert curve["detectors"]["cdd"]["smallest_dose_detected"] is None
+    assert curve["member_token_share"]["16"] == pytest.approx(0.1184)
+    md = (parent / "detectability.md").read_text()
+    assert "| ref_loss | likelihood | 0.550 | 0.700 | 0.900 |" in md and "not detected" in md
+    assert (parent / "detectability_auc.svg").read_text().lstrip().startswith("<svg")

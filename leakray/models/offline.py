@@ -89,6 +89,13 @@ def _lm_config(cfg: TinyLMConfig, tok):
     )
 
 
+def warmup_cosine_lr(step: int, peak: float, warmup_steps: int, total_steps: int, floor: float = 0.1) -> float:
+    """Linear warmup, then cosine decay to floor x peak at total_steps (shared with `leak.pretrain`)."""
+    if step < warmup_steps:
+        return peak * (step + 1) / warmup_steps
+    return peak * max(floor, 0.5 * (1 + math.cos(math.pi * min(1.0, step / max(1, total_steps)))))
+
+
 def pretrain(cfg: TinyLMConfig, out_dir: Path, progress: bool = True) -> dict:
     """Tokenizer + LM from scratch on stdlib source, for cfg.pretrain_seconds; returns stats."""
     import torch
@@ -116,10 +123,8 @@ def pretrain(cfg: TinyLMConfig, out_dir: Path, progress: bool = True) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
     gen = torch.Generator().manual_seed(cfg.seed)
 
-    def lr_at(step: int) -> float:  # warmup, then cosine over max_steps: never over the clock,
-        if step < cfg.warmup_steps:  # so the same config gives the same model on any machine
-            return cfg.lr * (step + 1) / cfg.warmup_steps
-        return cfg.lr * max(0.1, 0.5 * (1 + math.cos(math.pi * min(1.0, step / cfg.max_steps))))
+    def lr_at(step: int) -> float:  # over max_steps, never over the clock: the same model on any machine
+        return warmup_cosine_lr(step, cfg.lr, cfg.warmup_steps, cfg.max_steps)
 
     step, t_train = 0, time.perf_counter()
     bar = tqdm(total=cfg.max_steps, desc="pretrain base LM", disable=not progress, unit="step")

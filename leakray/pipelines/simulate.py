@@ -133,7 +133,30 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
     def base_of(role: str) -> str:
         return runner.info["shadow_base" if role == "shadow" and cfg.model.shadow_base else "base"]["path"]
 
+    def corpus_stage(out: Path) -> dict:
+        from leakray.leak.corpus import clean_corpus
+
+        texts, stats = clean_corpus(tasks, cfg.leak.corpus_max_bytes, cfg.leak.seed)
+        stats["build_seconds"] = stats.pop("seconds", None)  # the marker's own `seconds` is this stage's
+        return {"rows_in": stats.get("files_seen"), "rows_out": len(texts), **stats}
+
+    def pretrain_mix_stage(role: str):
+        def run(out: Path) -> dict:
+            from leakray.leak.corpus import clean_corpus
+            from leakray.pipelines.leak_train import pretrain_mix_on_ray
+
+            corpus, _ = clean_corpus(tasks, cfg.leak.corpus_max_bytes, cfg.leak.seed)  # cached by the corpus stage
+            texts = [training_text(t) for t in by_fold()[ROLES[role][0]]]
+            stats = pretrain_mix_on_ray(base_of(role), corpus, texts, cfg.leak.mix(role=role), out / "model",
+                                        name=f"{role}-{runner.run_dir.name}", storage=runner.run_dir / "ray_train",
+                                        num_workers=cfg.ray.train_workers, use_gpu=cfg.ray.use_gpu)
+            return {"rows_in": len(texts), "rows_out": len(texts), **stats}
+        return run
+
     def finetune_stage(role: str):
+        if cfg.leak.mode == "pretrain-mix":
+            return pretrain_mix_stage(role)
+
         def run(out: Path) -> dict:
             from leakray.pipelines.train import finetune_on_ray
 
@@ -203,13 +226,21 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
         StageSpec("base", base_stage("base"), lambda i: f"{i['path']} (val loss {i['stats'].get('val_loss', '?')})"),
         *([StageSpec("shadow_base", base_stage("shadow_base"), lambda i: f"shadow's own base {i['path']} "
                      f"(val loss {i['stats'].get('val_loss', '?')})")] if cfg.model.shadow_base else []),
-        *(StageSpec(role, finetune_stage(role),
-                    lambda i, role=role: f"fine-tuned on D{ROLES[role][0] + 1} ({i['rows_in']} tasks), "
-                                         f"final loss {i.get('final_loss')}")
-          for role in ("target", "shadow")),
+        *([StageSpec("corpus", corpus_stage, lambda i: f"clean corpus: {i['rows_out']} files, "
+                     f"{i['removed_by_screen']['files']} removed by the screener")]
+          if cfg.leak.mode == "pretrain-mix" else []),
+        *(StageSpec(role, finetune_stage(role), lambda i, role=role: _leak_line(role, i)) for role in ("target", "shadow")),
         *(StageSpec(f"collect_{role}", collect_stage(role), collect_summary) for role in ("shadow", "target")),
         StageSpec("detect", detect_stage, lambda i: f"{', '.join(i['detectors'])}"),
     ]
+
+
+def _leak_line(role: str, i: dict) -> str:
+    where = f"D{ROLES[role][0] + 1} ({i['rows_in']} tasks)"
+    if "dose" in i:
+        return (f"pretrain-mix: {where} x{i['dose']} in {i.get('n_tokens')} tokens "
+                f"(member share {i.get('member_token_share', 0):.2%}), final loss {i.get('final_loss')}")
+    return f"fine-tuned on {where}, final loss {i.get('final_loss')}"
 
 
 def learned_detectors(cfg: SimulateConfig):
@@ -238,6 +269,10 @@ def run_simulation(cfg: SimulateConfig, console: Console | None = None) -> Path:
     console = console or Console()
     if cfg.benchmark.names:
         return run_benchmarks(cfg, console)
+    if cfg.leak.mode == "dose-sweep":
+        from leakray.pipelines.dose_sweep import run_dose_sweep
+
+        return run_dose_sweep(cfg, console)
     return run_one(cfg, console)
 
 

@@ -1,0 +1,103 @@
+"""Continued pretraining of a base LM on a `pretrain-mix` mixture (plain torch).
+
+The same shape as `models.finetune.finetune`: `pipelines/leak_train.py` runs it inside Ray
+Train workers and hands in `wrap_model` / `wrap_loader` (DDP) and `report`; without them it
+runs in-process. The schedule is the base model's own (`models.offline.warmup_cosine_lr`),
+over the steps actually run, so the same mixture and config give the same model anywhere.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from leakray.errors import BadInput
+from leakray.leak.mixture import MixConfig
+from leakray.models.offline import warmup_cosine_lr
+
+
+def continue_pretrain(base_path: str | Path, sequences: np.ndarray, cfg: MixConfig, out_dir: str | Path | None,
+                      *, progress: bool = True, wrap_model: Callable | None = None,
+                      wrap_loader: Callable | None = None, report: Callable[[dict], None] | None = None,
+                      is_writer: bool = True, member_token_share: float | None = None,
+                      desc: str = "pretrain-mix") -> dict:
+    """Train `base_path` on `sequences` ([n, seq_len] token ids, in order, each seen once) and save a
+    plain HF model + tokenizer to `out_dir`; returns stats."""
+    import torch
+    from tqdm.auto import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(cfg.threads)
+    t0 = time.perf_counter()
+    seqs = np.asarray(sequences)
+    if seqs.ndim != 2 or seqs.shape[1] != cfg.seq_len or len(seqs) == 0:
+        raise BadInput(f"sequences must be [n, {cfg.seq_len}] token ids, got shape {seqs.shape}", field="sequences")
+    tok = AutoTokenizer.from_pretrained(base_path)
+    model = AutoModelForCausalLM.from_pretrained(base_path)
+    max_pos = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
+    if max_pos and cfg.seq_len > max_pos:
+        raise BadInput(f"seq_len {cfg.seq_len} exceeds the model's {max_pos} positions", path=str(base_path),
+                       field="leak.seq_len")
+    if int(seqs.max()) >= model.get_input_embeddings().num_embeddings:
+        raise BadInput("token ids exceed the model's vocabulary: mixture built with another tokenizer",
+                       path=str(base_path), field="sequences")
+    model.train()
+
+    data = torch.from_numpy(seqs.astype(np.int64))
+    # In order: the mixture already placed members at random; sequence i is seen at step i // batch_size.
+    loader = torch.utils.data.DataLoader(data, batch_size=cfg.batch_size, shuffle=False, drop_last=True)
+    if wrap_loader:
+        loader = wrap_loader(loader)
+    if wrap_model:
+        model = wrap_model(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    total = min(cfg.steps, len(loader))
+    warmup = int(cfg.warmup_ratio * total)
+    device = next(model.parameters()).device
+
+    losses: list[float] = []
+    every = max(1, total // 10)
+    bar = tqdm(total=total, desc=desc, disable=not progress, unit="step")
+    for step, batch in enumerate(loader):
+        if step >= total:
+            break
+        for group in opt.param_groups:
+            group["lr"] = warmup_cosine_lr(step, cfg.lr, warmup, total)
+        batch = batch.to(device)
+        loss = model(input_ids=batch, labels=batch).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        losses.append(loss.item())
+        bar.update(1)
+        if (step + 1) % every == 0:
+            recent = float(np.mean(losses[-every:]))
+            bar.set_postfix(loss=f"{recent:.3f}", refresh=False)
+            if report:
+                report({"step": step + 1, "loss": recent})
+    bar.close()
+
+    tail = losses[-every:]
+    stats = {
+        "config": cfg.record(), "steps": len(losses), "n_sequences": int(len(seqs)),
+        "n_tokens": int(seqs.size), "member_token_share": member_token_share,
+        "first_loss": round(float(np.mean(losses[:every])), 4) if losses else math.nan,
+        "final_loss": round(float(np.mean(tail)), 4) if tail else math.nan,
+        "loss_curve": [round(float(np.mean(losses[i: i + every])), 4) for i in range(0, len(losses), every)],
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    inner = getattr(model, "module", model)  # unwrap DDP
+    if out_dir is not None and is_writer:
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        inner.save_pretrained(out_dir)
+        tok.save_pretrained(out_dir)
+    return stats
