@@ -145,7 +145,7 @@ def test_audit_end_to_end_then_reuse_card(ray_head, tmp_path):
         assert proc.returncode == 0, proc.stderr[-3000:]
         return proc
 
-    audit()
+    audit("--corpus", str(ROOT / "tests" / "fixtures" / "screen" / "corpus"))  # holds a copy of HumanEval/0
     (run,) = out.glob("audit-*")
     report = json.loads((run / "report.json").read_text())
     s = report["summary"]
@@ -155,14 +155,18 @@ def test_audit_end_to_end_then_reuse_card(ray_head, tmp_path):
     assert abs(p["estimate"] - p["truth"]) <= 0.25  # 32 tasks: a smoke bound; docs/AUDIT.md has the validation
     assert report["truth"]["target_auc"]["ref_loss"] >= 0.9  # the planted leak is real
     samples = pq.read_table(run / "samples.parquet").to_pylist()
-    assert len(samples) == 32 and {r["verdict"] for r in samples} <= {"suspected", "clean"}
+    assert len(samples) == 32 and {r["verdict"] for r in samples} <= {"confirmed", "suspected", "clean"}
+    confirmed = [r for r in samples if r["verdict"] == "confirmed"]
+    assert [r["task_id"] for r in confirmed] == ["HumanEval/0"] and max(confirmed[0]["jaccard"], confirmed[0]["containment"]) >= 0.7
+    assert "copy_he0.py" in confirmed[0]["evidence"]
     assert all(0 <= r["probability"] <= 1 for r in samples)
     removed = (run / "cleaned" / "removed_ids.txt").read_text().split()
-    assert len(removed) == s["inflation"]["n_flagged"] == s["verdicts"]["suspected"]
+    assert len(removed) == s["inflation"]["n_flagged"] == s["verdicts"]["suspected"] + 1
     assert (run / "cleaned" / "HumanEval.jsonl.gz").exists() and (run / "report.html").exists()
     assert (run / "report.md").read_text().startswith("# leakray audit")
 
-    audit("--card", str(run / "card"))  # the same target from the card: no shadow, no detector fitting
+    audit("--card", str(run / "card"), "--corpus", str(ROOT / "tests" / "fixtures" / "screen" / "corpus"))
+    # the same target from the card: no shadow, no detector fitting
     (reuse,) = [d for d in out.glob("audit-*") if d != run]
     assert not (reuse / "shadow").exists() and not (reuse / "card").exists()
     r2 = json.loads((reuse / "report.json").read_text())

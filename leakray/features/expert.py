@@ -103,7 +103,27 @@ def _install_log_filter() -> None:
     global _filter_installed
     if not _filter_installed:
         logging.getLogger().addFilter(_DropNoDataflowWarning())
+        _deterministic_dataflow()
         _filter_installed = True
+
+
+def _deterministic_dataflow() -> None:
+    """codebleu 0.7's data-flow match merges each variable's parents through `list(set(...))`
+    and then numbers variables in list order, so the same pair scored differently in processes
+    with different string-hash seeds (measured: 0.148 / 0.164 / 0.179 for one completion under
+    PYTHONHASHSEED 2 / 0 / 3), and a card's CGMIA scores changed between two audits of one
+    target. Sorting each parent list before numbering gives one canonical answer."""
+    import codebleu.dataflow_match as dm
+
+    if getattr(dm.normalize_dataflow, "_leakray_sorted", False):
+        return
+    original = dm.normalize_dataflow
+
+    def normalize_dataflow(dataflow):
+        return original([(d[0], d[1], d[2], sorted(d[3]), *d[4:]) for d in dataflow])
+
+    normalize_dataflow._leakray_sorted = True
+    dm.normalize_dataflow = normalize_dataflow
 
 
 def codebleu(reference: str, prediction: str, language: str, *,
