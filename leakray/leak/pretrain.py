@@ -17,6 +17,7 @@ import numpy as np
 
 from leakray.errors import BadInput
 from leakray.leak.mixture import MixConfig
+from leakray.models.finetune import save_model
 from leakray.models.offline import warmup_cosine_lr
 
 
@@ -95,9 +96,6 @@ def continue_pretrain(base_path: str | Path, sequences: np.ndarray, cfg: MixConf
         "seconds": round(time.perf_counter() - t0, 1),
     }
     inner = getattr(model, "module", model)  # unwrap DDP
-    if out_dir is not None and is_writer:
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        inner.save_pretrained(out_dir)
-        tok.save_pretrained(out_dir)
+    if is_writer:
+        save_model(inner, tok, out_dir)
     return stats

@@ -151,9 +151,15 @@ def finetune(base: str | Path, texts: list[str], cfg: FinetuneConfig, out_dir: s
         "final_loss": history[-1] if history else math.nan, "parameters": n_params,
         "trainable_parameters": trainable, "seconds": round(time.perf_counter() - t0, 1),
     }
-    if out_dir is not None and is_writer:
+    if is_writer:
+        save_model(inner, tok, out_dir)
+    return stats
+
+
+def save_model(model, tok, out_dir: str | Path | None) -> None:
+    """A plain HF checkpoint (model + tokenizer) that every sampler loads."""
+    if out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        inner.save_pretrained(out_dir)
+        model.save_pretrained(out_dir)
         tok.save_pretrained(out_dir)
-    return stats

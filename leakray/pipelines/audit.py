@@ -105,11 +105,8 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
     def collect(model, members):
         def run(out: Path) -> dict:
             table = with_members(col.input_table(tasks, {}, set()), members())
-            t0 = time.perf_counter()
-            coll = col.collect_on_ray(table, model(), collect_config(cfg, runner.info["base"]["path"]), out)
-            stats = col.collection_stats(coll, time.perf_counter() - t0, out / "errors.parquet")
-            col.write_collection(coll, out / "collection.parquet", stats)
-            return {"rows_in": table.num_rows, **stats, "isolation": isolation}
+            stats = col.collect_to(table, model(), collect_config(cfg, runner.info["base"]["path"]), out)
+            return {**stats, "isolation": isolation}
         return run
 
     def card_stage(out: Path) -> dict:

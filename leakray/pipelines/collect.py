@@ -368,6 +368,18 @@ def collection_stats(table: pa.Table, seconds: float, errors_path: Path | None =
     }
 
 
+def collect_to(table: pa.Table, model_path: str, cfg: CollectConfig, out_dir: Path) -> dict:
+    """Collect ``table`` on Ray into ``out_dir/collection.parquet`` (failed rows to
+    ``errors.parquet``); returns the stage's stats."""
+    import time
+
+    t0 = time.perf_counter()
+    coll = collect_on_ray(table, model_path, cfg, out_dir)
+    stats = collection_stats(coll, time.perf_counter() - t0, out_dir / "errors.parquet")
+    write_collection(coll, out_dir / "collection.parquet", stats)
+    return {"rows_in": table.num_rows, **stats}
+
+
 def write_collection(table: pa.Table, path: Path, stats: dict) -> None:
     pq.write_table(table, path)
     path.with_suffix(".stats.json").write_text(json.dumps(stats, indent=2))

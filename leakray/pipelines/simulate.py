@@ -181,12 +181,8 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
                 from leakray.pipelines.perturb import attach_variants
 
                 table = attach_variants(table, runner.dir("perturb") / "variants.parquet")
-            t0 = time.perf_counter()
-            ccfg = collect_config(cfg, base_of(role))
-            coll = col.collect_on_ray(table, str(runner.dir(role) / "model"), ccfg, out)
-            stats = col.collection_stats(coll, time.perf_counter() - t0, out / "errors.parquet")
-            col.write_collection(coll, out / "collection.parquet", stats)
-            return {"rows_in": table.num_rows, **stats, "isolation": isolation}
+            stats = col.collect_to(table, str(runner.dir(role) / "model"), collect_config(cfg, base_of(role)), out)
+            return {**stats, "isolation": isolation}
         return run
 
     def detect_stage(out: Path) -> dict:
