@@ -33,6 +33,12 @@ def tiny_lm(tmp_path_factory):
     return out, stats
 
 
+@pytest.fixture(scope="session")
+def leakray_cache(tmp_path_factory):
+    """One LEAKRAY_CACHE for the end-to-end tests: each tiny base model is pretrained once per session."""
+    return tmp_path_factory.mktemp("leakray-cache")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

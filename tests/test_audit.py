@@ -128,16 +128,16 @@ def test_audit_refuses_bad_input(tmp_path):
     assert main(["audit", "--set", "audit.detector=cgmai"]) == 2
 
 
-AUDIT = ["--quick", "--set", "detect.detectors=[ref_loss,min_k,gt_match,cgmia]", "--set", "target.epochs=25",
-         "--set", "shadow.epochs=25", "--set", "audit.member_fraction=0.25", "--set", "columns.upper_case=false"]
+AUDIT = ["--quick", "--set", "detect.detectors=[ref_loss,min_k,gt_match,cgmia]", "--set", "audit.member_fraction=0.25",
+         "--set", "columns.upper_case=false"]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_audit_end_to_end_then_reuse_card(ray_head, tmp_path):
+def test_audit_end_to_end_then_reuse_card(ray_head, tmp_path, leakray_cache):
     _, _, gcs, env = ray_head
     out = tmp_path / "runs"
-    env = dict(env, LEAKRAY_CACHE=str(tmp_path / "cache"))
+    env = dict(env, LEAKRAY_CACHE=str(leakray_cache))
 
     def audit(*extra):
         proc = subprocess.run([sys.executable, "-m", "leakray.cli", "audit", *AUDIT, *extra, "--output", str(out),

@@ -31,9 +31,9 @@ def test_screen_job_submit(ray_head, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_simulate_job_submit_then_resume(ray_head, tmp_path):
+def test_simulate_job_submit_then_resume(ray_head, tmp_path, leakray_cache):
     _, _, gcs, env = ray_head
-    out, cache = tmp_path / "runs", tmp_path / "cache"
+    out, cache = tmp_path / "runs", leakray_cache
     _submit(ray_head, ["jobs/simulate.py", *SMALL, "--output", str(out)], {"LEAKRAY_CACHE": str(cache)})
     (run_dir,) = out.iterdir()
     report = json.loads((run_dir / "report.json").read_text())

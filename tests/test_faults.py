@@ -42,9 +42,9 @@ def sweep_file(tmp_path: Path, name: str, benchmarks: list[dict]) -> Path:
     return path
 
 
-def env_for(env: dict, tmp_path: Path) -> dict:
+def env_for(env: dict, cache: Path) -> dict:
     # the code version is pinned: a commit landing mid-test must not re-key the cells
-    return dict(env, LEAKRAY_CACHE=str(tmp_path / "cache"), LEAKRAY_CODE_VERSION="faults")
+    return dict(env, LEAKRAY_CACHE=str(cache), LEAKRAY_CODE_VERSION="faults")
 
 
 def start_driver(spec: Path, gcs: str, env: dict, log: Path) -> subprocess.Popen:
@@ -89,9 +89,9 @@ def catalog_counts(out: Path) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_sigkill_driver_then_resume(ray_head, tmp_path):
+def test_sigkill_driver_then_resume(ray_head, tmp_path, leakray_cache):
     _, _, gcs, env = ray_head
-    env = env_for(env, tmp_path)
+    env = env_for(env, leakray_cache)
     rng = random.Random(int(os.environ.get("LEAKRAY_FAULT_SEED", time.time())))
     spec = sweep_file(tmp_path, "faults", [{"name": "humaneval", "label": "he8"},
                                            {"name": "humaneval", "label": "he9", "set": {"benchmark.limit": 9}}])
@@ -132,13 +132,13 @@ def test_sigkill_driver_then_resume(ray_head, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_job_submit_sweep_with_sampler_actor_killed(ray_head, tmp_path):
+def test_job_submit_sweep_with_sampler_actor_killed(ray_head, tmp_path, leakray_cache):
     from ray.util.state import list_actors
 
     _, dashboard, _, env = ray_head
     spec = sweep_file(tmp_path, "job", [{"name": "humaneval", "set": {"detect.seeds": [1]}}])
     out = tmp_path / "out"
-    job_env = {"LEAKRAY_CACHE": str(tmp_path / "cache"), "LEAKRAY_CODE_VERSION": "faults"}
+    job_env = {"LEAKRAY_CACHE": str(leakray_cache), "LEAKRAY_CODE_VERSION": "faults"}
     killed = []
     with ThreadPoolExecutor(1) as pool:
         job = pool.submit(_submit, ray_head, ["jobs/sweep.py", str(spec)], job_env)
