@@ -110,3 +110,5 @@ def test_dose_sweep_runs_each_dose_and_draws_the_detectability_curve(monkeypatch
     md = (parent / "detectability.md").read_text()
     assert "| ref_loss | likelihood | 0.550 | 0.700 | 0.900 |" in md and "not detected" in md
     assert (parent / "detectability_auc.svg").read_text().lstrip().startswith("<svg")
+    html = (parent / "detectability.html").read_text()
+    assert html.count("<svg") == 2 and "ref_loss" in html and "not detected" in html

@@ -136,7 +136,7 @@ def test_simulate_report_orders_by_auc_and_plots_first_seed(tmp_path):
     page = out.read_text()
     names = re.findall(r"<tr><td>(\w+)</td>", page)
     assert names == ["cgmia", "zlib", "advprompt"]  # by AUC, NaN last
-    assert page.count("<svg") == 3 and "needs a reference model" in page and "<img" not in page
+    assert page.count("<svg") == 4 and "needs a reference model" in page and "<img" not in page  # ROC, PR, 2 hist.
 
 
 # ---------------------------------------------------------------- real browser
@@ -222,7 +222,7 @@ def test_simulate_report_renders_in_chromium(browser, tmp_path):
 
     _open(browser, rh.write_simulate_html(_sim_run(tmp_path)))
     svgs = browser.find_elements(By.CSS_SELECTOR, "figure svg")
-    assert len(svgs) == 3 and all(s.size["width"] > 100 for s in svgs)
+    assert len(svgs) == 4 and all(s.size["width"] > 100 for s in svgs)
     browser.find_element(By.XPATH, "//th[normalize-space()='wall s']").click()
     rows = browser.find_elements(By.CSS_SELECTOR, "#detectors tbody tr")
     names = [r.find_element(By.TAG_NAME, "td").text for r in rows]

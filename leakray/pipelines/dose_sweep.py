@@ -90,11 +90,13 @@ def write_plots(parent: Path, c: dict) -> None:
     import logging
 
     try:
+        from leakray.report.html import render_detectability
         from leakray.report.plots import line_plot
 
         for metric, label in (("auc", "AUC (target)"), ("tpr_at_5fpr", "TPR at 5% FPR")):
             svg = line_plot(c["doses"], {n: m[metric] for n, m in c["detectors"].items()}, "dose (copies of each "
                             "member)", label, logx=True, title=f"{label} by dose")
             (parent / f"detectability_{metric}.svg").write_text(svg)
+        (parent / "detectability.html").write_text(render_detectability(c), encoding="utf-8")
     except Exception as exc:  # the numbers are written; a plotting problem must not lose them
         logging.getLogger(__name__).warning("detectability plots not written: %s", exc)

@@ -31,6 +31,7 @@ VERDICTS = ("confirmed", "suspected", "clean")
 DASH = "–"
 MAX_DIFF_CHARS = 20000  # difflib is quadratic at worst; past this the texts are shown without a diff
 HISTOGRAM_DETECTORS = 4  # member vs non-member histograms for this many of the best detectors
+PR_DETECTORS = 6  # precision-recall curves for this many of the best detectors (more is unreadable)
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;max-width:1280px;
@@ -422,6 +423,35 @@ def _roc_curves(per_det: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> tuple[d
     return curves, aucs
 
 
+def _pr_curves(per_det: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> dict:
+    from sklearn.metrics import precision_recall_curve
+
+    out = {}
+    for name, (y, s) in per_det.items():
+        prec, rec, _ = precision_recall_curve(y, s)
+        out[name] = {"recall": rec.tolist(), "precision": prec.tolist()}
+    return out
+
+
+def render_detectability(curve: Mapping) -> str:
+    """The dose-sweep's page: AUC and TPR@5%FPR by dose per detector, and the table."""
+    doses = list(curve["doses"])
+    dets = sorted(curve["detectors"].items(), key=lambda kv: -(_num(kv[1]["auc"][-1]) or 0.0))
+    rows = [f"<tr><td>{fmt(n)}</td><td>{fmt(m.get('family'))}</td>" + "".join(_cell(a) for a in m["auc"])
+            + f"<td>{fmt(m.get('smallest_dose_detected') or 'not detected')}</td></tr>" for n, m in dets]
+    headers = [("detector", "text"), ("family", "text"), *((f"AUC d={d}", "num") for d in doses),
+               ("detected at dose", "text")]
+    figs = [_safe_plot(f"{label} by dose (copies of each member in the pretraining mixture)",
+                       lambda metric=metric, label=label: plots.line_plot(
+                           doses, {n: m[metric] for n, m in dets[:PR_DETECTORS * 2]}, "dose", label, logx=True))
+            for metric, label in (("auc", "AUC on the target"), ("tpr_at_5fpr", "TPR at 5% FPR"))]
+    title = "leakray detectability curve (pretrain-mix leak)"
+    body = [f"<h1>{escape(title)}</h1>",
+            "<p class='note'>Detected at: the smallest dose whose AUC 95% interval lies above 0.5.</p>",
+            _table(headers, rows, tid="detectability"), '<div class="plots">' + "".join(figs) + "</div>"]
+    return page(title, "\n".join(body))
+
+
 def _by_auc(item) -> tuple:
     auc = _num((item[1] or {}).get("auc"))
     return (auc is None, -(auc or 0.0), item[0])
@@ -439,8 +469,10 @@ def render_simulate(report: Mapping, scores) -> str:
     curves, aucs = _roc_curves(per_det)
     order = [n for n in detectors if n in curves] + sorted(set(curves) - set(detectors))
     figs = [_safe_plot("ROC on the target, each detector's first seed (AUC of that seed)",
-                       lambda: plots.roc_plot({n: curves[n] for n in order}, aucs, "ROC on the target"))] \
-        if curves else []
+                       lambda: plots.roc_plot({n: curves[n] for n in order}, aucs, "ROC on the target")),
+            _safe_plot("Precision-recall on the target (at the run's member share), first seed",
+                       lambda: plots.pr_plot(_pr_curves({n: per_det[n] for n in order[:PR_DETECTORS]}),
+                                             "Precision-recall on the target"))] if curves else []
     for name in order[:HISTOGRAM_DETECTORS]:
         y, s = per_det[name]
         figs.append(_safe_plot(f"{name}: target scores, members vs non-members (first seed)",
