@@ -7,24 +7,15 @@ from dataclasses import asdict
 from pathlib import Path
 
 from leakray.leak.mixture import MixConfig, build_mixture
+from leakray.pipelines.train import fit_on_ray, worker_hooks
 from leakray.runs import write_json_atomic
 
 
 def _loop(config: dict) -> dict:
-    import ray.train
-    import ray.train.torch
-
     from leakray.leak.pretrain import continue_pretrain
 
-    ctx = ray.train.get_context()
-    distributed = ctx.get_world_size() > 1
-    return continue_pretrain(
-        config["base"], config["sequences"], MixConfig(**config["mix"]), config["out_dir"],
-        progress=ctx.get_world_rank() == 0, is_writer=ctx.get_world_rank() == 0,
-        wrap_model=ray.train.torch.prepare_model if distributed else None,
-        wrap_loader=ray.train.torch.prepare_data_loader if distributed else None,
-        member_token_share=config["member_token_share"], desc=config["desc"],
-    )
+    return continue_pretrain(config["base"], config["sequences"], MixConfig(**config["mix"]), config["out_dir"],
+                             member_token_share=config["member_token_share"], desc=config["desc"], **worker_hooks())
 
 
 def pretrain_mix_on_ray(base_path: str | Path, corpus_texts: list[str], member_texts: list[str], cfg: MixConfig,
@@ -32,24 +23,15 @@ def pretrain_mix_on_ray(base_path: str | Path, corpus_texts: list[str], member_t
                         use_gpu: bool = False) -> dict:
     """Continue pretraining `base_path` on clean text + each member `cfg.dose` times; rank 0 saves
     the model to `out_dir` (with `mixture.json`: where each member copy sits) and stats come back."""
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(base_path)
     mix = build_mixture(tok, corpus_texts, member_texts, cfg.dose, cfg.n_tokens, cfg.seq_len, cfg.seed)
     out_dir = Path(out_dir).resolve()
-    trainer = TorchTrainer(
-        _loop,
-        train_loop_config={"base": str(base_path), "sequences": mix.sequences, "mix": asdict(cfg),
-                           "out_dir": str(out_dir), "member_token_share": mix.member_token_share,
-                           "desc": f"pretrain-mix {name}"},
-        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
-                                     resources_per_worker={"CPU": max(1, cfg.threads)}),
-        run_config=RunConfig(name=name, storage_path=str(Path(storage).resolve())),
-    )
-    # Train V2 keeps no metrics reported without a checkpoint: rank 0's return value carries them.
-    stats = trainer.fit().return_value
+    config = {"base": str(base_path), "sequences": mix.sequences, "mix": asdict(cfg), "out_dir": str(out_dir),
+              "member_token_share": mix.member_token_share, "desc": f"pretrain-mix {name}"}
+    stats = fit_on_ray(_loop, config, name=name, storage=storage, num_workers=num_workers, use_gpu=use_gpu,
+                       cpus=max(1, cfg.threads))
     summary = mix.summary()
     write_json_atomic(out_dir / "mixture.json", {**summary, "occurrences": mix.occurrences})
     return {**stats, "dose": cfg.dose, "member_token_share": mix.member_token_share, "n_tokens": mix.n_tokens,
