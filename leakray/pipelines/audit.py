@@ -162,11 +162,9 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
 
 def card_meta(cfg: AuditConfig, tasks: list[dict], base_path: str) -> dict:
     """What a card records of how it was made (so a reuse can be checked against it)."""
-    from leakray.runs import content_hash as h
-
     return {
         "benchmark": {"name": cfg.benchmark.name, "n_tasks": len(tasks),
-                      "digest": h([[t[T.TASK_ID], t[T.REFERENCE]] for t in tasks])},
+                      "digest": content_hash([[t[T.TASK_ID], t[T.REFERENCE]] for t in tasks])},
         "shadow": {"base": cfg.model.base, "base_path": base_path, "finetune": cfg.shadow.model_dump(),
                    "shadow_seed": cfg.audit.shadow_seed},
         "collection": collection_settings(cfg),

@@ -134,6 +134,7 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
 
     export = export_cleaned(cfg, tasks, {t for t, v in zip(task_ids, verdict) if v != "clean"}, run_dir)
     dmeta = card.meta["detectors"]
+    target_auc = truth_check(member, scores)  # once: None unless the target's membership is known
     report = {
         "title": f"leakray audit: {cfg.benchmark.name} on {a.target}",
         "summary": {
@@ -148,14 +149,14 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
                                                                          "mcc", "n_pos", "n_neg")},
                           "family": dmeta[n]["spec"]["family"], "access": dmeta[n]["spec"]["access"],
                           "brier": dmeta[n]["calibration_quality"]["brier"],
-                          "target_auc": (truth_check(member, scores) or {}).get(n)}
+                          "target_auc": (target_auc or {}).get(n)}
                       for n in dmeta if n in scores},
         "skipped": {**card.meta.get("skipped", {}), **skipped},
         "curves": curves(card, top_detectors(dmeta, scores, primary)),
         "calibration": {**dmeta[primary]["calibration_quality"],
                         "brier_uncalibrated": dmeta[primary]["calibration_quality"]["brier_base_rate"]},
         "truth": {"planted": a.target == "planted", "member_fraction": a.member_fraction,
-                  "target_auc": truth_check(member, scores)} if a.target == "planted" else None,
+                  "target_auc": target_auc} if a.target == "planted" else None,
         "cleaned": export, "isolation": isolation, "stages": _stages(run_dir), "timings_s": timings,
         "config": cfg.model_dump(), "benchmark_file": benchmark_file(cfg),
     }
