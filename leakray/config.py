@@ -322,6 +322,12 @@ class SimulateConfig(Section):
             raise ValueError("sample.lora_adapter is served by the vllm backend only (hf runs load merged models)")
         if self.sample.backend == "openai" and not self.sample.endpoint_url:
             raise ValueError("sample.backend=openai needs sample.endpoint_url (e.g. http://host:8000/v1)")
+        lora = [s for s in ("target", "shadow") if getattr(self, s).method == "lora"]
+        tiny = {"tiny", "tiny-alt"} & {self.model.base, self.model.shadow_base}
+        if self.sample.backend == "vllm" and lora and tiny and not self.sample.merge_adapters:
+            # found here, not after fine-tuning: vLLM has no LoRA for GPT-2, the tiny bases' architecture
+            raise ValueError(f"{'/'.join(lora)}.method=lora on the tiny GPT-2 base: vLLM serves no LoRA adapter "
+                             "over GPT-2; set sample.merge_adapters=true (or sample.backend=hf)")
         return self
 
     def hashed(self) -> dict:

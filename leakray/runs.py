@@ -108,8 +108,9 @@ class StageRunner:
     A stage with a marker is skipped (its recorded info is returned), so a killed run resumes
     at the first unfinished stage and never writes a finished one twice."""
 
-    def __init__(self, run_dir: Path, console):
-        self.run_dir, self.console = Path(run_dir), console
+    def __init__(self, run_dir: Path, console, store=None):
+        """``store``: the run's `storage.RunStore` when it is mirrored to a URI (pushed after each stage)."""
+        self.run_dir, self.console, self.store = Path(run_dir), console, store
         self.info: dict[str, dict] = {}
 
     def dir(self, name: str) -> Path:
@@ -127,6 +128,8 @@ class StageRunner:
             stage.start()
             stats = {**STAT_DEFAULTS, **(spec.run(stage.dir) or {})}
             stage.finish(**stats)
+            if self.store is not None:
+                self.store.push()
         info = stage.info()
         self.console.stage(spec.name, info, spec.summary(info), cached)
         return info

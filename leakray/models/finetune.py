@@ -21,6 +21,9 @@ _LORA_TARGETS = {
 }
 
 
+ADAPTER_DIR = "adapter"  # a LoRA fine-tune's peft adapter, inside the merged model's directory
+
+
 @dataclass
 class FinetuneConfig:
     method: str = "full"  # "full" | "lora"
@@ -80,7 +83,8 @@ def finetune(base: str | Path, texts: list[str], cfg: FinetuneConfig, out_dir: s
              *, progress: bool = True, wrap_model: Callable | None = None,
              wrap_loader: Callable | None = None, report: Callable[[dict], None] | None = None,
              is_writer: bool = True, desc: str = "finetune") -> dict:
-    """Fine-tune `base` on `texts` and save a plain (merged) HF model to `out_dir`."""
+    """Fine-tune `base` on `texts` and save a plain (merged) HF model to `out_dir`; a LoRA
+    fine-tune also saves its peft adapter to `out_dir/adapter` (stats["adapter"])."""
     import torch
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -144,13 +148,20 @@ def finetune(base: str | Path, texts: list[str], cfg: FinetuneConfig, out_dir: s
     bar.close()
 
     inner = getattr(model, "module", model)  # unwrap DDP
-    if cfg.method == "lora":
-        inner = inner.merge_and_unload()  # downstream samplers load a plain model
     stats = {
         "config": asdict(cfg), "n_texts": len(texts), "steps": total, "loss_per_epoch": history,
         "final_loss": history[-1] if history else math.nan, "parameters": n_params,
         "trainable_parameters": trainable, "seconds": round(time.perf_counter() - t0, 1),
     }
+    if cfg.method == "lora":
+        if out_dir is not None:
+            # the unmerged adapter first (merging folds it into the base in place): vLLM serves it
+            # over the shared base engine, a LoRARequest per prompt (`vllm_sampler.sampling_source`)
+            adapter = Path(out_dir) / ADAPTER_DIR
+            if is_writer:
+                inner.save_pretrained(adapter)
+            stats["adapter"] = str(adapter)
+        inner = inner.merge_and_unload()  # the HF sampler and weight-reading detectors load a plain model
     if is_writer:
         save_model(inner, tok, out_dir)
     return stats

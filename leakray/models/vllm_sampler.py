@@ -124,6 +124,38 @@ def _merged_path(base: str, adapter: str) -> str:
     return str(out)
 
 
+# model_type (config.json) of architectures vLLM serves without LoRA support: adapters must be merged
+NO_VLLM_LORA = frozenset({"gpt2"})
+
+
+def check_lora_support(model_path: str | Path) -> None:
+    """Refuse, before vLLM starts, LoRA over a base whose architecture vLLM has no LoRA for."""
+    cfg_file = Path(model_path) / "config.json"
+    try:
+        model_type = json.loads(cfg_file.read_text()).get("model_type")
+    except (OSError, ValueError):
+        return  # a hub id or no readable config: vLLM says what it supports
+    if model_type in NO_VLLM_LORA:
+        raise BadInput(f"vLLM has no LoRA support for {model_type!r} models: set sample.merge_adapters=true "
+                       "(serves a merged copy) or use sample.backend=hf", path=str(cfg_file), field="model_type")
+
+
+def sampling_source(model_path: str, stage_info: Mapping, base_path: str, sample) -> tuple[str, str | None]:
+    """(model dir, LoRA adapter dir or None) a protocol's collection samples one fine-tuned role from.
+
+    `model_path` is the role's merged model, `stage_info` what its fine-tune stage recorded
+    (`finetune`'s stats: "config" and, for a LoRA fine-tune, "adapter"), `base_path` the model
+    that fine-tune started from, `sample` the SampleConfig. vLLM without `merge_adapters` serves
+    a LoRA fine-tune as the base engine plus the role's adapter; every other case (HF backend,
+    full fine-tune, no adapter saved, merging asked for) samples the merged model, with the
+    config's own `lora_adapter`, if any, as before."""
+    method = (stage_info.get("config") or {}).get("method")
+    adapter = stage_info.get("adapter")
+    if sample.backend == "vllm" and not sample.merge_adapters and method == "lora" and adapter:
+        return base_path, adapter
+    return model_path, sample.lora_adapter
+
+
 class VLLMSampler:
     def __init__(self, model_path: str, cfg: SampleConfig, llm=None, *,
                  adapters: Mapping[str, str] | None = None, adapter: str | None = None,
@@ -161,6 +193,7 @@ class VLLMSampler:
                           tensor_parallel_size=cfg.tensor_parallel_size,
                           enable_prefix_caching=True)  # a task's perturbed variants share their prefix
             if ranks:
+                check_lora_support(model_path)
                 kwargs.update(enable_lora=True, max_lora_rank=engine_lora_rank(ranks), max_loras=len(ranks))
             llm = LLM(**{**kwargs, **(engine_args or {})})
         self.llm = llm

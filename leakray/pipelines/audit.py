@@ -22,7 +22,8 @@ from leakray.data.registry import DEFAULT_PATHS
 from leakray.detect.card import DetectorCard
 from leakray.errors import BadInput
 from leakray.pipelines.simulate import base_model, collect_config, load_tasks, preflight_isolation, training_text
-from leakray.runs import StageRunner, StageSpec, content_hash, output_root, write_json_atomic
+from leakray.runs import StageRunner, StageSpec, content_hash, write_json_atomic
+from leakray.storage import RunStore, is_uri, local_copy
 from leakray.schema import C, S, T
 
 CARD_STAGES = ("shadow", "collect_shadow", "card")
@@ -105,7 +106,16 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
     def collect(model, members):
         def run(out: Path) -> dict:
             table = with_members(col.input_table(tasks, {}, set()), members())
-            stats = col.collect_to(table, model(), collect_config(cfg, runner.info["base"]["path"]), out)
+            from leakray.models.vllm_sampler import sampling_source
+
+            base, path = runner.info["base"]["path"], model()
+            ccfg = collect_config(cfg, base)
+            # the fine-tune stage (shadow, planted target) that made this model, if one did: vLLM
+            # serves a LoRA fine-tune as base engine + its adapter (unless merge_adapters)
+            made = next((runner.info[r] for r in ("shadow", "target")
+                         if runner.info.get(r, {}).get("model") == path), {})
+            path, ccfg.sample.lora_adapter = sampling_source(path, made, base, ccfg.sample)
+            stats = col.collect_to(table, path, ccfg, out)
             return {**stats, "isolation": isolation}
         return run
 
@@ -192,7 +202,8 @@ def run_audit(cfg: AuditConfig, console: Console | None = None, card_only: bool 
     t_start = time.perf_counter()
     tasks = load_tasks(cfg)
     isolation = preflight_isolation(cfg)
-    card_dir = Path(cfg.audit.card).expanduser().resolve() if cfg.audit.card else None
+    card = cfg.audit.card
+    card_dir = (local_copy(card) if is_uri(card) else Path(card).expanduser().resolve()) if card else None
     card_id = DetectorCard(card_dir).id if card_dir else None
     digest = content_hash([[t[T.TASK_ID], t[T.PROMPT], t[T.REFERENCE], t[T.TESTS]] for t in tasks])
     if card_only:  # a card depends on the shadow's side only: the same card serves any target
@@ -200,32 +211,35 @@ def run_audit(cfg: AuditConfig, console: Console | None = None, card_only: bool 
             raise BadInput("card build makes a card; it cannot reuse one", field="audit.card")
         hashed = cfg.model_dump(include={"benchmark", "model", "shadow", "sample", "columns", "embed", "detect"})
         hashed["audit"] = cfg.audit.model_dump(include={"shadow_seed", "validation_share", "calibration", "fpr"})
-        run_dir = output_root(cfg.output_dir) / f"card-{cfg.benchmark.name}-{content_hash(hashed, digest)}"
+        store = RunStore(cfg.output_dir, f"card-{cfg.benchmark.name}-{content_hash(hashed, digest)}")
     else:
         key = content_hash(cfg.hashed(), digest, card_id)
-        run_dir = output_root(cfg.output_dir) / f"audit-{cfg.benchmark.name}-{key}"
-    run_dir.mkdir(parents=True, exist_ok=True)
+        store = RunStore(cfg.output_dir, f"audit-{cfg.benchmark.name}-{key}")
+    run_dir = store.local
     write_json_atomic(run_dir / "config.json", cfg.model_dump())
     log_file = setup_logging(run_dir / "logs", console.verbose)
-    console.say(f"audit directory {run_dir} ({len(tasks)} tasks; logs in {log_file.relative_to(run_dir)})")
+    console.say(f"audit directory {store.location} ({len(tasks)} tasks; logs in {log_file.relative_to(run_dir)})"
+                + (f"; staged in {run_dir}" if store.mirrored else ""))
     if card_dir:
         card = DetectorCard(card_dir)
         console.say(f"reusing detector card {card.id} ({card_dir}): no shadow fine-tuning")
         for line in card_mismatches(card, cfg, tasks):
             console.warn(line)
     ensure_ray(cfg.ray.address, verbose=console.verbose, log_dir=run_dir / "logs")
-    runner = StageRunner(run_dir, console)
+    runner = StageRunner(run_dir, console, store)
     runner.run(audit_stages(cfg, tasks, runner, isolation, card_dir, card_only))
     card = DetectorCard(card_dir or runner.dir("card"))
     if card_only:
-        console.say(f"detector card {card.id}: {card.path} (reuse it: leakray audit --card {card.path})")
+        store.close()
+        console.say(f"detector card {card.id}: {store.location}/card (reuse it: leakray audit --card {card.path})")
         return card.path
     report = write_audit_report(run_dir, cfg, tasks, card, isolation,
                                 {"total_this_invocation": round(time.perf_counter() - t_start, 1)})
+    store.close()
     p = report["summary"]["prevalence"]
     console.say(f"leaked fraction {p['estimate']:.1%} (95% CI {_pct(p['ci'][0])}–{_pct(p['ci'][1])}, {p['method']}"
                 f" with {report['summary']['primary_detector']}); verdicts {report['summary']['verdicts']}")
-    console.say(f"report: {run_dir / 'report.html'}")
+    console.say(f"report: {store.location}/report.html")
     return run_dir
 
 

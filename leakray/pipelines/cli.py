@@ -15,7 +15,8 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", action="append", default=[], help="YAML merged over the packaged defaults")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one value, e.g. --set target.epochs=15 (repeatable)")
-    p.add_argument("--output", help="runs directory (default: output_dir in the config)")
+    p.add_argument("--output", help="runs directory: a path or a pyarrow filesystem URI (s3://bucket/prefix, gs://..., "
+                   "file:///...); default: output_dir in the config")
     p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else a local Ray)")
     p.add_argument("--verbose", action="store_true", help="show Ray's and the workers' logs on the console")
 

@@ -101,6 +101,8 @@ def train_cgmia_seeds_on_ray(train_table: pa.Table, config: CGMIAConfig | None =
         parse_rule(threshold_rule)
     if not ray.is_initialized():
         raise BadInput("Ray is not initialised; call ray.init() (or connect to a cluster) first")
+    from leakray.storage import ray_storage
+
     storage = Path(storage_path or Path(tempfile.gettempdir()) / "leakray-ray-train").resolve()
     arrays_ref = ray.put(arrays_from_table(train_table))
     name = run_name or f"cgmia-seeds{'-'.join(map(str, seeds[:4]))}-{uuid.uuid4().hex[:8]}"
@@ -109,7 +111,7 @@ def train_cgmia_seeds_on_ray(train_table: pa.Table, config: CGMIAConfig | None =
         train_loop_config={"arrays": arrays_ref, "config": config.to_dict(), "seeds": seeds,
                            "threshold_rule": threshold_rule, "threshold_folds": int(threshold_folds)},
         scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=config.device.startswith("cuda")),
-        run_config=RunConfig(storage_path=str(storage), name=name),
+        run_config=RunConfig(name=name, **ray_storage(storage)),
     )
     result = trainer.fit()
     if result.error is not None:

@@ -13,7 +13,8 @@ import json
 import math
 from pathlib import Path
 
-from leakray.runs import content_hash, output_root, write_json_atomic
+from leakray.runs import content_hash, write_json_atomic
+from leakray.storage import RunStore, join
 
 METRICS = ("auc", "tpr_at_5fpr")
 
@@ -21,17 +22,20 @@ METRICS = ("auc", "tpr_at_5fpr")
 def run_dose_sweep(cfg, console) -> Path:
     from leakray.pipelines.simulate import run_one
 
-    parent = output_root(cfg.output_dir) / f"dose-sweep-{cfg.benchmark.name}-{content_hash(cfg.hashed())}"
+    store = RunStore(cfg.output_dir, f"dose-sweep-{cfg.benchmark.name}-{content_hash(cfg.hashed())}")
+    parent = store.local
     runs = {}
     for dose in sorted(set(cfg.leak.doses)):
         leak = cfg.leak.model_copy(update={"mode": "pretrain-mix", "dose": dose})
         console.say(f"dose {dose} ({len(runs) + 1}/{len(set(cfg.leak.doses))})")
-        runs[dose] = run_one(cfg.model_copy(update={"leak": leak, "output_dir": str(parent)}), console)
+        runs[dose] = run_one(cfg.model_copy(update={"leak": leak, "output_dir": join(cfg.output_dir, store.name)}),
+                             console)
     curve = detectability(runs)
     write_json_atomic(parent / "detectability.json", curve)
     (parent / "detectability.md").write_text(render_markdown(curve))
     write_plots(parent, curve)
-    console.say(f"detectability curve: {parent / 'detectability.md'}")
+    store.close()
+    console.say(f"detectability curve: {store.location}/detectability.md")
     return parent
 
 

@@ -31,7 +31,7 @@ def pretrain_mix_on_ray(base_path: str | Path, corpus_texts: list[str], member_t
     config = {"base": str(base_path), "sequences": mix.sequences, "mix": asdict(cfg), "out_dir": str(out_dir),
               "member_token_share": mix.member_token_share, "desc": f"pretrain-mix {name}"}
     stats = fit_on_ray(_loop, config, name=name, storage=storage, num_workers=num_workers, use_gpu=use_gpu,
-                       cpus=max(1, cfg.threads))
+                       cpus=max(1, cfg.threads), out_dir=out_dir)
     summary = mix.summary()
     write_json_atomic(out_dir / "mixture.json", {**summary, "occurrences": mix.occurrences})
     return {**stats, "dose": cfg.dose, "member_token_share": mix.member_token_share, "n_tokens": mix.n_tokens,

@@ -7,7 +7,6 @@ both collections (shadow and target) read it."""
 
 from __future__ import annotations
 
-import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -62,6 +61,7 @@ def perturb_on_ray(tasks: list[dict], out_dir: Path, *, seed: int, timeout_s: fl
     import ray
     from ray.data import ActorPoolStrategy
 
+    from leakray.pipelines.collect import write_parts
     from leakray.schema import TASK_SCHEMA
 
     table = pa.Table.from_pylist([{k: t[k] for k in T.ALL} for t in tasks], schema=TASK_SCHEMA)
@@ -70,10 +70,7 @@ def perturb_on_ray(tasks: list[dict], out_dir: Path, *, seed: int, timeout_s: fl
         "seed": seed, "timeout_s": timeout_s, "threads": threads, "allow_weak_isolation": allow_weak_isolation},
         batch_size=batch_size, batch_format="pyarrow", num_cpus=0,
         compute=ActorPoolStrategy(min_size=1, max_size=max(1, actors)))
-    parts = out_dir / "parts"
-    shutil.rmtree(parts, ignore_errors=True)  # a killed attempt's part files must not be read back
-    ds.write_parquet(str(parts))
-    result = pq.read_table(str(parts))
+    result = write_parts(ds, out_dir)
     # actor tasks retry at least once: one row per task
     ids = result.column(C.TASK_ID).to_pylist()
     first = sorted({t: i for i, t in reversed(list(enumerate(ids)))}.values())

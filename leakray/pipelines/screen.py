@@ -98,8 +98,14 @@ def run_screen(benchmarks: list[tuple[str, str]], corpus: str, output: str, conf
     from leakray.data.registry import load_benchmark_file
     from leakray.errors import BadInput
 
+    from leakray.storage import RunStore, is_uri
+
     config = config or ScreenConfig()
     log = log or (lambda msg: print(f"[screen] {msg}", file=sys.stderr, flush=True))
+    store = RunStore(output, "") if is_uri(output) else None  # a URI: staged here, mirrored there
+    if store is not None:
+        log(f"output {store.location} (staged in {store.local})")
+        output = str(store.local)
     names = [n for n, _ in benchmarks]
     if len(set(names)) != len(names):
         raise BadInput(f"benchmark names must be distinct, got {names}")
@@ -154,4 +160,6 @@ def run_screen(benchmarks: list[tuple[str, str]], corpus: str, output: str, conf
                               screenable=index.screenable.tolist())
     for name, b in summary["benchmarks"].items():
         log(f"{name}: {b['n_leaked']}/{b['n_samples']} samples leaked ({b['ratio']:.1%}), {b['n_pairs']} pairs")
+    if store is not None:
+        store.close()
     return summary

@@ -21,7 +21,8 @@ from leakray.data.folds import assign_folds
 from leakray.data.registry import load_benchmark
 from leakray.data.tasks import continuation, program_of
 from leakray.errors import BadInput
-from leakray.runs import StageRunner, StageSpec, content_hash, output_root, write_json_atomic
+from leakray.runs import StageRunner, StageSpec, content_hash, write_json_atomic
+from leakray.storage import RunStore, join
 from leakray.schema import T
 
 ROLES = {"target": (0, 1), "shadow": (2, 3)}  # role -> (member fold, non-member fold): D1/D2, D3/D4
@@ -181,7 +182,13 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
                 from leakray.pipelines.perturb import attach_variants
 
                 table = attach_variants(table, runner.dir("perturb") / "variants.parquet")
-            stats = col.collect_to(table, str(runner.dir(role) / "model"), collect_config(cfg, base_of(role)), out)
+            from leakray.models.vllm_sampler import sampling_source
+
+            ccfg = collect_config(cfg, base_of(role))
+            # vLLM serves a LoRA fine-tune as base engine + the role's adapter (unless merge_adapters)
+            model_path, ccfg.sample.lora_adapter = sampling_source(
+                str(runner.dir(role) / "model"), runner.info[role], base_of(role), ccfg.sample)
+            stats = col.collect_to(table, model_path, ccfg, out)
             return {**stats, "isolation": isolation}
         return run
 
@@ -277,12 +284,13 @@ def run_benchmarks(cfg: SimulateConfig, console: Console) -> Path:
     paper-style comparison across them (`leakray compare` on that directory)."""
     from leakray.report.compare import compare
 
-    parent = output_root(cfg.output_dir) / f"multi-{content_hash(cfg.hashed())}"
+    store = RunStore(cfg.output_dir, f"multi-{content_hash(cfg.hashed())}")
+    parent = store.local
     runs = []
     for name in cfg.benchmark.names:
         bench = cfg.benchmark.model_copy(update={"name": name, "path": cfg.benchmark.paths.get(name), "names": [],
                                                  "paths": {}})
-        sub = cfg.model_copy(update={"benchmark": bench, "output_dir": str(parent)})
+        sub = cfg.model_copy(update={"benchmark": bench, "output_dir": join(cfg.output_dir, store.name)})
         console.say(f"benchmark {name} ({len(runs) + 1}/{len(cfg.benchmark.names)})")
         runs.append(run_one(sub, console))
     try:
@@ -290,7 +298,9 @@ def run_benchmarks(cfg: SimulateConfig, console: Console) -> Path:
     except BadInput as exc:  # e.g. the reference detector was not run: the per-benchmark reports stand
         console.warn(f"no comparison across benchmarks: {exc}")
         return parent
-    console.say(f"comparison across {len(runs)} benchmarks: {parent / 'compare' / 'compare.md'}")
+    finally:
+        store.close()
+    console.say(f"comparison across {len(runs)} benchmarks: {store.location}/compare/compare.md")
     return parent
 
 
@@ -301,25 +311,27 @@ def run_one(cfg: SimulateConfig, console: Console) -> Path:
     t_start = time.perf_counter()
     tasks = load_tasks(cfg)
     isolation = preflight_isolation(cfg)
-    run_dir = output_root(cfg.output_dir) / f"{cfg.benchmark.name}-{run_id(cfg, tasks)}"
-    run_dir.mkdir(parents=True, exist_ok=True)
+    store = RunStore(cfg.output_dir, f"{cfg.benchmark.name}-{run_id(cfg, tasks)}")
+    run_dir = store.local
     write_json_atomic(run_dir / "config.json", cfg.model_dump())
     log_file = setup_logging(run_dir / "logs", console.verbose)
-    console.say(f"run directory {run_dir} ({len(tasks)} tasks; logs in {log_file.relative_to(run_dir)})")
+    console.say(f"run directory {store.location} ({len(tasks)} tasks; logs in {log_file.relative_to(run_dir)})"
+                + (f"; staged in {run_dir}" if store.mirrored else ""))
     if isolation != "bwrap":
         console.warn(f"sandbox isolation is '{isolation}' (opted in with execute.allow_weak_isolation)")
     ensure_ray(cfg.ray.address, verbose=console.verbose, log_dir=run_dir / "logs")
 
-    runner = StageRunner(run_dir, console)
+    runner = StageRunner(run_dir, console, store)
     runner.run(simulate_stages(cfg, tasks, runner, isolation))
 
     report = write_report(run_dir, cfg.model_dump(), {"total_this_invocation": round(time.perf_counter() - t_start, 1)})
+    store.close()
     for name in ("cgmia", "detectleak", "gt_match", "ref_loss"):
         m = report["detectors"].get(name)
         if m:
             console.say(f"{name:<11} AUC {_num(m.get('auc'))}  MCC {_num(m.get('mcc'))}  "
                         f"TPR@5%FPR {_num(m.get('tpr_at_5fpr'))}")
-    console.say(f"report: {run_dir / 'report.md'}")
+    console.say(f"report: {store.location}/report.md")
     return run_dir
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict
 from pathlib import Path
 
@@ -21,18 +22,56 @@ def worker_hooks() -> dict:
 
 
 def fit_on_ray(loop, config: dict, *, name: str, storage: str | Path, num_workers: int, use_gpu: bool,
-               cpus: int) -> dict:
-    """Run ``loop(config)`` on a TorchTrainer worker group; rank 0's return value comes back."""
+               cpus: int, out_dir: str | Path | None = None) -> dict:
+    """Run ``loop(config)`` on a TorchTrainer worker group; rank 0's return value comes back.
+
+    ``out_dir``: what rank 0 writes (a model). Rank 0 may run on another node: when the run is
+    mirrored to shared storage, it publishes the directory there and the driver fetches it."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
+    from leakray.storage import fetch_dir, ray_storage, shared_dir
+
+    publish = None
+    if out_dir is not None:
+        remote, filesystem = shared_dir(out_dir)
+        if filesystem is not None:
+            publish = {"remote": remote, "fs": filesystem, "local": str(Path(out_dir).resolve()),
+                       "driver_node": _driver_node()}
     trainer = TorchTrainer(
-        loop, train_loop_config=config,
+        functools.partial(_run_then_publish, loop) if publish else loop,
+        train_loop_config={**config, "_publish": publish} if publish else config,
         scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu, resources_per_worker={"CPU": cpus}),
-        run_config=RunConfig(name=name, storage_path=str(Path(storage).resolve())),
+        run_config=RunConfig(name=name, **ray_storage(storage)),
     )
     # Train V2 keeps no metrics reported without a checkpoint: rank 0's return value carries them.
-    return trainer.fit().return_value
+    out = trainer.fit().return_value
+    if publish and isinstance(out, dict) and out.pop("_published", False):
+        fetch_dir(publish["remote"], publish["fs"], publish["local"])
+    return out
+
+
+def _driver_node() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
+
+def _run_then_publish(loop, config: dict):
+    """`loop`, then rank 0 copies its output to shared storage when it ran on another node than
+    the driver (on the driver's node the file is already where the driver reads it)."""
+    import ray
+    import ray.train
+
+    from leakray.storage import publish_dir
+
+    publish = config.pop("_publish")
+    out = loop(config)
+    if ray.train.get_context().get_world_rank() == 0 and \
+            ray.get_runtime_context().get_node_id() != publish["driver_node"]:
+        publish_dir(publish["local"], publish["fs"], publish["remote"])
+        out = {**out, "_published": True}
+    return out
 
 
 def _loop(config: dict) -> dict:
@@ -48,4 +87,4 @@ def finetune_on_ray(base: str | Path, texts: list[str], cfg: FinetuneConfig, out
     config = {"base": str(base), "texts": list(texts), "finetune": asdict(cfg),
               "out_dir": str(Path(out_dir).resolve()), "desc": f"finetune {name}"}
     return fit_on_ray(_loop, config, name=name, storage=storage, num_workers=num_workers, use_gpu=use_gpu,
-                      cpus=max(1, cfg.threads))
+                      cpus=max(1, cfg.threads), out_dir=out_dir)

@@ -77,6 +77,8 @@ def tune_grid(fit_eval: FitEval, points: list[Mapping[str, Any]], seeds: Iterabl
     if not seeds or not points:
         raise BadInput("a grid search needs at least one seed and one grid point")
     _ensure_ray(num_cpus)
+    from leakray.storage import ray_storage
+
     storage = Path(storage_path or Path(tempfile.gettempdir()) / "leakray-ray-tune").resolve()
     trainable = tune.with_parameters(_trial, fit_eval=fit_eval, data=data, seeds=seeds, points=points)
     tuner = tune.Tuner(
@@ -84,7 +86,7 @@ def tune_grid(fit_eval: FitEval, points: list[Mapping[str, Any]], seeds: Iterabl
         param_space={"point": tune.grid_search(list(range(len(points))))},
         # a trial is milliseconds of scikit-learn; a fresh actor per trial would re-import it
         tune_config=tune.TuneConfig(reuse_actors=True),
-        run_config=tune.RunConfig(name=f"{name}-{uuid.uuid4().hex[:8]}", storage_path=str(storage), verbose=0),
+        run_config=tune.RunConfig(name=f"{name}-{uuid.uuid4().hex[:8]}", verbose=0, **ray_storage(storage)),
     )
     results = tuner.fit()
     by_point: dict[int, dict] = {}

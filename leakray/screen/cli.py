@@ -18,7 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a benchmark file (any format the readers accept); repeat for several")
     p.add_argument("--corpus", required=True, metavar="PATH_OR_GLOB",
                    help="a directory of source files (recursive), or JSONL/parquet shards with a 'content' column")
-    p.add_argument("--output", required=True, metavar="DIR", help="run directory")
+    p.add_argument("--output", required=True, metavar="DIR",
+                   help="run directory: a path, or a pyarrow filesystem URI (s3://bucket/prefix, file:///...)")
     p.add_argument("--threshold", type=float, default=0.7, help="Jaccard threshold (default 0.7)")
     p.add_argument("--ngram", type=int, default=2, help="token n-gram size of the shingles (default 2)")
     p.add_argument("--num-perm", type=int, default=256, help="MinHash permutations (default 256)")
@@ -43,19 +44,20 @@ def run(args: argparse.Namespace) -> int:
     from leakray.pipelines.screen import run_screen
     from leakray.runs import output_root
     from leakray.screen.index import ScreenConfig
+    from leakray.storage import display, is_uri
 
     try:
         config = ScreenConfig(threshold=args.threshold, ngram=args.ngram, num_perm=args.num_perm, seed=args.seed,
                               containment=args.containment, field=args.field,
                               min_containment_shingles=args.min_containment_shingles,
                               max_file_bytes=args.max_file_bytes)
-        output = output_root(args.output)
+        output = args.output if is_uri(args.output) else output_root(args.output)
         run_screen(args.benchmark, args.corpus, output, config, engine=args.engine, workers=args.workers,
                    address=args.address, num_cpus=args.num_cpus, force=args.force)
     except (BadInput, ValueError) as exc:
         print(f"leakray screen: {exc}", file=sys.stderr)
         return 2
-    print(f"leakray screen: outputs in {output}")
+    print(f"leakray screen: outputs in {display(output) if is_uri(output) else output}")
     return 0
 
 
