@@ -85,7 +85,9 @@ class RunStore:
     ``local`` is the directory every stage writes to (the run itself for a local path, its
     staging copy for a URI); ``push`` mirrors it to the URI."""
 
-    def __init__(self, output: str | os.PathLike, name: str):
+    def __init__(self, output: str | os.PathLike, name: str, pull: bool | tuple[str, ...] = True):
+        """``pull``: what to fetch from the URI on opening: everything (a run about to resume), only
+        these relative paths (a sweep's catalog), or nothing."""
         self.output, self.name = str(output), name
         self.fs: pafs.FileSystem | None = None
         if is_uri(output):
@@ -100,7 +102,8 @@ class RunStore:
         self.local = self.local.resolve()
         if self.fs is not None:
             self._check_writable()
-            self.pull()
+            if pull:
+                self.pull(None if pull is True else pull)
         _OPEN.append(self)
 
     @property
@@ -122,13 +125,23 @@ class RunStore:
     def _local_files(self) -> dict[str, Path]:
         return {p.relative_to(self.local).as_posix(): p for p in self.local.rglob("*") if p.is_file()}
 
-    def pull(self) -> int:
-        """Download what the URI holds and this staging copy lacks (or holds at another size);
-        markers last, so an interrupted pull never leaves a marker without its stage's files."""
+    def exists(self, rel: str) -> bool:
+        """Whether ``rel`` is in the run (at the URI when mirrored: a finished run elsewhere)."""
+        if not self.mirrored:
+            return (self.local / rel).exists()
+        return self.fs.get_file_info(f"{self.remote}/{rel}").type == pafs.FileType.File
+
+    def pull(self, only: tuple[str, ...] | list[str] | None = None) -> int:
+        """Download what the URI holds (or ``only`` these relative paths) and this staging copy
+        lacks or holds at another size; markers last, so an interrupted pull never leaves a
+        marker without its stage's files."""
         if not self.mirrored:
             return 0
         have = self._local_files()
-        todo = [rel for rel, size in self._remote_files().items() if not _skipped(rel)
+        remote = self._remote_files() if only is None else {
+            rel: info.size for rel, info in zip(only, self.fs.get_file_info([f"{self.remote}/{r}" for r in only]))
+            if info.type == pafs.FileType.File}
+        todo = [rel for rel, size in remote.items() if not _skipped(rel)
                 and (rel not in have or have[rel].stat().st_size != size)]
         todo.sort(key=_is_marker)
         for rel in todo:
@@ -139,9 +152,12 @@ class RunStore:
                 while chunk := src.read(1 << 22):
                     out.write(chunk)
             os.replace(tmp, dest)
-        for rel, path in self._local_files().items():
-            st = path.stat()
-            _SENT[str(path)] = (st.st_size, st.st_mtime_ns)
+        # what matches the URI now needs no upload; anything else here (written by a driver killed
+        # before its push) is still to be sent
+        for rel, size in remote.items():
+            path = self.local / rel
+            if path.is_file() and path.stat().st_size == size:
+                _SENT[str(path)] = (size, path.stat().st_mtime_ns)
         return len(todo)
 
     def push(self) -> int:
@@ -176,6 +192,17 @@ class RunStore:
         self.push()
         if self in _OPEN:
             _OPEN.remove(self)
+
+
+def local_run_dir(output: str | os.PathLike, name: str) -> Path:
+    """Where `RunStore(output, name)` puts the run on this node (without opening it)."""
+    return (staging_dir(str(output)) / name).resolve() if is_uri(output) else output_root(output) / name
+
+
+def store_for(local_dir: str | Path) -> "RunStore | None":
+    """The open store whose run directory is ``local_dir`` (None: a local run, or none open)."""
+    local_dir = Path(local_dir).resolve()
+    return next((s for s in reversed(_OPEN) if s.local.resolve() == local_dir), None)
 
 
 def shared_dir(local_dir: str | Path) -> tuple[str, pafs.FileSystem | None]:

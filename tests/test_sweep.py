@@ -15,6 +15,7 @@ from leakray.cli import main
 from leakray.errors import BadInput
 from leakray.pipelines import simulate
 from leakray.pipelines.detectors import SCORES_SCHEMA
+from leakray.storage import RunStore
 from leakray.sweep import catalog
 from leakray.sweep.runner import run_sweep
 from leakray.sweep.spec import plan
@@ -40,7 +41,8 @@ class FakeSimulation:
 
     def __call__(self, cfg, console=None):
         tasks = simulate.load_tasks(cfg)
-        run_dir = simulate.output_root(cfg.output_dir) / f"{cfg.benchmark.name}-{simulate.run_id(cfg, tasks)}"
+        store = RunStore(cfg.output_dir, f"{cfg.benchmark.name}-{simulate.run_id(cfg, tasks)}")
+        run_dir = store.local
         self.calls.append(run_dir)
         (run_dir / "detect").mkdir(parents=True, exist_ok=True)
         ids = [t["task_id"] for t in tasks][: len(tasks) // 2]
@@ -55,6 +57,7 @@ class FakeSimulation:
                          "n_pos": len(ids) // 2, "n_neg": len(ids) - len(ids) // 2}
         pq.write_table(pa.concat_tables(parts), run_dir / "detect" / "scores.parquet")
         (run_dir / "report.json").write_text(json.dumps({"detectors": dets}))
+        store.close()
         return run_dir
 
 
@@ -193,3 +196,30 @@ def test_failed_cell_does_not_stop_the_sweep(tmp_path, monkeypatch):
     con = sqlite3.connect(tmp_path / "sw" / "catalog.sqlite")
     assert con.execute("SELECT status FROM sweep_runs").fetchone()[0] == "failed: tiny x he12"
     assert con.execute("SELECT COUNT(*) FROM results").fetchone()[0] == 2
+
+
+def test_a_sweep_on_a_uri_resumes_on_a_fresh_node(tmp_path, fake, monkeypatch, capsys):
+    """Cells and catalog at a URI: a second driver with an empty staging area skips every cell
+    (finished at the URI), records nothing twice, and `sweep history` reads the URI's catalog."""
+    from leakray import storage
+
+    uri = f"file://{tmp_path / 'bucket'}/sweeps"
+    path = write_spec(tmp_path, output_dir=uri)
+    monkeypatch.setenv("LEAKRAY_CACHE", str(tmp_path / "node-a"))
+    first = run_sweep(path)
+    assert len(first.ran) == 4 and first.rows_written == 8
+    remote = tmp_path / "bucket" / "sweeps"
+    assert (remote / "catalog.sqlite").is_file()
+    assert len(list(remote.glob("runs/test-1/*/report.json"))) == 4
+    assert len(rows(remote / "catalog.sqlite")) == 8
+
+    monkeypatch.setenv("LEAKRAY_CACHE", str(tmp_path / "node-b"))
+    storage._SENT.clear()
+    second = run_sweep(path)
+    assert len(fake.calls) == 4 and len(second.skipped) == 4 and second.rows_written == 0
+    assert len(rows(remote / "catalog.sqlite")) == 8
+    runs = sqlite3.connect(remote / "catalog.sqlite").execute("SELECT COUNT(*) FROM sweep_runs").fetchone()[0]
+    assert runs == 2  # both drivers' sweep runs are in the URI's catalog
+    capsys.readouterr()
+    assert main(["sweep", "history", "--output", uri]) == 0
+    assert "he12" in capsys.readouterr().out

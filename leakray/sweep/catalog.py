@@ -95,10 +95,12 @@ def cell_rows(run_dir: Path) -> list[dict]:
 
 
 def record_cell(con: sqlite3.Connection, run: str, sweep: str, model: str, benchmark: str, run_dir: Path,
-                code_version: str) -> int:
-    """Write a finished cell's rows (one per detector) unless already recorded; returns rows written."""
-    run_dir = Path(run_dir)
-    rows = cell_rows(run_dir)
+                code_version: str, location: str | None = None) -> int:
+    """Write a finished cell's rows (one per detector) unless already recorded; returns rows written.
+    ``location``: where the run lives when not at ``run_dir`` (its URI; ``run_dir`` is then this
+    node's copy), so the record is the same whichever node writes it."""
+    rows = cell_rows(Path(run_dir))
+    run_dir = location or str(Path(run_dir))
     written = 0
     con.execute("BEGIN IMMEDIATE")
     try:

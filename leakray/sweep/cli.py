@@ -46,9 +46,15 @@ def _open(args):
     from pathlib import Path
 
     from leakray.runs import output_root
+    from leakray.storage import RunStore, is_uri
     from leakray.sweep import catalog
 
-    path = Path(args.catalog) if args.catalog else catalog.catalog_path(output_root(args.output))
+    if args.catalog:
+        path = Path(args.catalog)
+    elif is_uri(args.output):  # the catalog of a sweep written to a URI: this node's copy of it
+        path = catalog.catalog_path(RunStore(args.output, "", pull=(catalog.FILE,)).local)
+    else:
+        path = catalog.catalog_path(output_root(args.output))
     return catalog.connect(path, create=False)
 
 

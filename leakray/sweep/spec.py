@@ -84,6 +84,7 @@ class Cell:
     overrides: list[str]  # what made this cell's config, after the base files (kept for the record)
     cfg: SimulateConfig
     run_dir: Path  # where run_simulation will write (content-addressed: config + tasks + code version)
+    store: object = None  # the run's `storage.RunStore` (opened lazily) when the sweep writes to a URI
 
     @property
     def label(self) -> str:
@@ -91,7 +92,28 @@ class Cell:
 
     @property
     def finished(self) -> bool:
-        return (self.run_dir / "report.json").exists()
+        if (self.run_dir / "report.json").exists():
+            return True
+        return self.remote is not None and self.remote.exists("report.json")
+
+    @property
+    def remote(self):
+        """The cell's run at the sweep's URI, opened without pulling (None for a local sweep)."""
+        from leakray.storage import RunStore, is_uri
+
+        if self.store is None and is_uri(self.cfg.output_dir):
+            self.store = RunStore(self.cfg.output_dir, self.run_dir.name, pull=False)
+        return self.store
+
+    @property
+    def location(self) -> str:
+        """Where the cell's run lives: its URI for a URI sweep, else its directory."""
+        return self.remote.location if self.remote is not None else str(self.run_dir.resolve())
+
+    def fetch_results(self) -> None:
+        """What the catalog records of a cell finished elsewhere: its report and scores."""
+        if self.remote is not None:
+            self.remote.pull(("report.json", "detect/scores.parquet"))
 
 
 def read_spec(path: str | Path) -> SweepSpec:
@@ -126,18 +148,32 @@ def cell_overrides(spec: SweepSpec, model: ModelEntry, bench: BenchmarkEntry, he
     return out
 
 
+def sweep_root(output: str, code_version: str):
+    """(the sweep's local directory, its RunStore or None, where the cells' runs go). A URI sweep
+    is staged here with only its catalog pulled; its cells are runs under ``<URI>/runs/<version>``."""
+    from leakray.storage import RunStore, is_uri, join
+
+    if not is_uri(output):
+        out_dir = output_root(output)
+        return out_dir, None, out_dir / "runs" / code_version
+    from leakray.sweep.catalog import FILE
+
+    store = RunStore(output, "", pull=(FILE,))
+    return store.local, store, join(join(output, "runs"), code_version)
+
+
 def plan(spec_path: str | Path, extra: list[str] = (), pre: list[str] = (), code_version: str | None = None,
          output_dir: str | None = None) -> tuple[SweepSpec, Path, list[Cell]]:
     """(spec, sweep output dir, cells), every cell validated and its run dir known; or one BadInput."""
     from leakray.pipelines.simulate import load_tasks, preflight_isolation, run_id
+    from leakray.storage import local_run_dir
     from leakray.sweep.version import code_version as current_version
 
     spec_path = Path(spec_path)
     spec = read_spec(spec_path)
     here = spec_path.resolve().parent
     # relative to the working directory, like simulate's output_dir (a submitted job: under $LEAKRAY_HOME)
-    out_dir = output_root(output_dir or spec.output_dir)
-    cells_root = out_dir / "runs" / (code_version or current_version())
+    out_dir, _, cells_root = sweep_root(output_dir or spec.output_dir, code_version or current_version())
     files = [str(here / f) for f in spec.base.config]
     cells = []
     for model in spec.models:
@@ -149,7 +185,7 @@ def plan(spec_path: str | Path, extra: list[str] = (), pre: list[str] = (), code
                 preflight_isolation(cfg)
             except BadInput as exc:
                 raise BadInput(f"cell {model.name} x {bench.key}: {exc}", path=str(spec_path)) from None
-            run_dir = output_root(cfg.output_dir) / f"{cfg.benchmark.name}-{run_id(cfg, tasks)}"
+            run_dir = local_run_dir(cfg.output_dir, f"{cfg.benchmark.name}-{run_id(cfg, tasks)}")
             cells.append(Cell(model.name, bench.key, overrides, cfg, run_dir))
     return spec, out_dir, cells
 
