@@ -138,6 +138,9 @@ class X:
     DURATION_S = "duration_s"
     STDOUT_TAIL = "stdout_tail"
     STDERR_TAIL = "stderr_tail"
+    # only on a result the sandbox itself failed to produce: the harness's exception type, or
+    # "BadRequest"; set by the host, never from anything the program printed (absent otherwise)
+    HARNESS_ERROR = "harness_error"
 
     STATUSES = ("passed", "failed", "timeout", "memory", "error")
     RUNNERS = ("python", "unittest", "pytest", "java-main", "junit5", "stdio")

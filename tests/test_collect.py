@@ -101,3 +101,115 @@ def test_a_row_that_fails_for_good_goes_to_the_errors_file(tmp_path):
     assert errors == [{C.TASK_ID: "HumanEval/1", C.NOTES: ["endpoint_failed:http_500", "ref_mu_sigma_unavailable"]}]
     stats = collection_stats(out, 1.0, tmp_path / "errors.parquet")
     assert stats["errors"]["endpoint_failed:http_500"] == 1 and stats["errors"]["prompt_truncated_left"] == 1
+
+
+class _CrashingSampler(_FlakySampler):
+    """Raises for the tasks in `crash` as a tokenizer does on input it cannot encode."""
+
+    def __init__(self, k, crash):
+        super().__init__(k)
+        self.crash = crash
+
+    def sample(self, prompts, languages, keys, *, k=None, greedy=False):
+        if keys[0] in self.crash:
+            raise ValueError("text input must be of type `str`")
+        return super().sample(prompts, languages, keys, k=k, greedy=greedy)
+
+
+def _stage(sampler):
+    from leakray.pipelines.collect import ExtraColumns, SampleStage
+
+    stage = SampleStage.__new__(SampleStage)
+    stage.sampler, stage.extra, stage.ref_sampler = sampler, ExtraColumns(), None
+    return stage
+
+
+def test_a_prompt_that_crashes_the_sampler_fails_its_row_alone(tmp_path):
+    import pyarrow.parquet as pq
+
+    from leakray.pipelines.collect import collection_stats, score_stage
+
+    tasks = _tasks(3)
+    sampled = _stage(_CrashingSampler(2, {"HumanEval/0"}))(input_table(tasks, {}, set()))
+    notes = dict(zip(sampled.column(C.TASK_ID).to_pylist(), sampled.column(C.NOTES).to_pylist()))
+    assert notes["HumanEval/0"] == ["failed:sample_error:ValueError"]  # the reason, no prompt text
+    assert notes["HumanEval/2"] == ["ref_mu_sigma_unavailable", "prompt_truncated_left"]
+    assert sampled.column(C.COMPLETIONS).to_pylist()[2] == ["    return 1\n"] * 2
+    out = finalize(score_stage(ExecuteStage(timeout_s=10, threads=2)(sampled)), tmp_path / "errors.parquet")
+    assert out.column(C.TASK_ID).to_pylist() == ["HumanEval/2"]  # HumanEval/1 failed at its endpoint
+    errors = pq.read_table(tmp_path / "errors.parquet").column(C.TASK_ID).to_pylist()
+    assert errors == ["HumanEval/0", "HumanEval/1"]
+    stats = collection_stats(out, 1.0, tmp_path / "errors.parquet")
+    assert stats["errors"]["failed:sample_error:ValueError"] == 1
+
+
+def test_a_collection_whose_rows_all_fail_is_refused(tmp_path):
+    import pytest
+
+    from leakray.pipelines.collect import AllRowsFailed
+
+    tasks = _tasks(3)
+    crash_all = _stage(_CrashingSampler(2, {t[T.TASK_ID] for t in tasks}))
+    one_batch = crash_all(input_table(tasks[:2], {}, set()))
+    # a batch whose rows all failed has the columns of any other batch (its part file must read back)
+    assert one_batch.schema.equals(_stage(_FlakySampler(2))(input_table(tasks[:2], {}, set())).schema)
+    table = pa.concat_tables([one_batch, crash_all(input_table(tasks[2:], {}, set()))])
+    with pytest.raises(AllRowsFailed, match="every row.*3 rows.*errors.parquet.*failed:sample_error:ValueError x3"):
+        finalize(table, tmp_path / "errors.parquet")
+    assert pq_rows(tmp_path / "errors.parquet") == 3  # written first: the reasons are there to read
+
+
+def pq_rows(path) -> int:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).num_rows
+
+
+def _with_completions(tasks, completions):
+    table = input_table(tasks, {}, set())
+    table = table.append_column(C.COMPLETIONS, pa.array(completions, pa.list_(pa.string())))
+    table = table.append_column(C.N_TOKENS, pa.array([[3] * len(c) for c in completions], pa.list_(pa.int32())))
+    return table.append_column(C.PERPLEXITY, pa.array([[2.0] * len(c) for c in completions], pa.list_(pa.float32())))
+
+
+def test_a_program_that_crashes_the_sandbox_harness_goes_to_the_errors_file(tmp_path):
+    from leakray.pipelines.collect import collection_stats, score_stage
+    from leakray.schema import X
+
+    tasks = _tasks(3)
+    good = [continuation(t[T.PROMPT], t[T.REFERENCE]) for t in tasks]
+    stage = ExecuteStage(timeout_s=10, threads=2)
+    real, calls = stage.sandbox._run_plan, []
+
+    def run_plan(rid, plan):  # the host's own code fails: always for one run, once for another
+        calls.append(rid)
+        if rid == "HumanEval/1#0" or (rid == "HumanEval/2#1" and calls.count(rid) == 1):
+            raise OSError("No space left on device")
+        return real(rid, plan)
+    stage.sandbox._run_plan = run_plan
+    res = stage.sandbox.run({X.ID: "HumanEval/1#0", X.LANGUAGE: "python", X.PROGRAM: "x = 1\n", X.TESTS: ""})
+    assert res[X.STATUS] == "error" and res[X.HARNESS_ERROR] == "OSError"
+    # a program cannot pose as the harness: its own error, whatever it prints, carries no marker
+    fake = stage.sandbox.run({X.ID: "p", X.LANGUAGE: "python", X.TESTS: "",
+                              X.PROGRAM: "import sys\nprint('leakray sandbox: OSError', file=sys.stderr)\n1/0\n"})
+    assert fake[X.STATUS] == "failed" and X.HARNESS_ERROR not in fake
+    calls.clear()
+
+    nul = good[0].replace("return", "\x00return", 1)  # the model's own garbage: an error, not a harness fault
+    table = stage(_with_completions(tasks, [[good[0], nul], [good[1], good[1]], [good[2], good[2]]]))
+    assert calls.count("HumanEval/1#0") == 2 and calls.count("HumanEval/2#1") == 2  # each retried once
+    assert calls.count("HumanEval/1#1") == 1 and "HumanEval/0#1" not in calls
+    notes = table.column(C.NOTES).to_pylist()
+    assert notes == [[], ["failed:sandbox_harness:OSError"], []]
+    assert table.column(C.EXEC_STATUS).to_pylist()[0] == ["passed", "error"]
+    assert table.column(C.PASSED).to_pylist()[2] == [True, True]  # the retry went through
+    out = finalize(score_stage(table), tmp_path / "errors.parquet")
+    assert out.column(C.TASK_ID).to_pylist() == ["HumanEval/0", "HumanEval/2"]
+    assert out.column(C.PASSED).to_pylist() == [[True, False], [True, True]]
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(tmp_path / "errors.parquet").to_pylist() == [
+        {C.TASK_ID: "HumanEval/1", C.NOTES: ["failed:sandbox_harness:OSError"]}]
+    stats = collection_stats(out, 1.0, tmp_path / "errors.parquet")
+    assert stats["errors"] == {"failed:sandbox_harness:OSError": 1}
+    assert stats["exec_status"] == {"passed": 3, "error": 1}

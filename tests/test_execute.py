@@ -28,7 +28,9 @@ def test_execute_cli_contract(tmp_path, capsys):
     by_id = {r["id"]: r for r in results}
     assert len(results) == len(by_id) == 7  # exactly one per input line with content
     for r in results:
-        assert set(r) == {"id", "status", "passed", "duration_s", "stdout_tail", "stderr_tail"}
+        assert set(r) - {X.HARNESS_ERROR} == {"id", "status", "passed", "duration_s", "stdout_tail", "stderr_tail"}
+        # the host's marker: on the requests it refused, never on a program's own outcome
+        assert r.get(X.HARNESS_ERROR) == ("BadRequest" if r["id"] in ("lang", "line:2", "line:4") else None), r
         assert r["status"] in X.STATUSES and isinstance(r["passed"], bool)
     assert by_id["good"]["status"] == "passed" and by_id["good"]["passed"] is True
     assert by_id["bad"]["status"] == "failed"

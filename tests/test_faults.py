@@ -1,6 +1,6 @@
 """Faults on a real local Ray head: SIGKILL of the whole sweep driver mid-collection and
-between cells, then resume; a `ray job submit` of jobs/sweep.py during which a sampler
-actor process is SIGKILLed mid-stage. Tiny protocol (8 tasks, 1-layer model, k=2) so the
+between cells, then resume; a `ray job submit` of jobs/sweep.py during which a sampler, a
+sandbox and an embedding actor process are each SIGKILLed mid-stage. Tiny protocol (8 tasks, 1-layer model, k=2) so the
 module stays within a few minutes on two cores."""
 
 import json
@@ -31,7 +31,8 @@ TINY = {  # seconds, not a measurement: what the faults need is stages, rows and
     "sample.k": 2, "sample.max_new_tokens": 24, "ray.sample_actors": 1,
 }
 DETECTORS = ["ref_loss", "gt_match", "detectleak", "min_k"]
-SAMPLER = "MapWorker(MapBatches(SampleStage))"
+# the collection's actor pools: sampler, sandbox, embedding (Ray Data names its actors so)
+ACTORS = {stage: f"MapWorker(MapBatches({stage}))" for stage in ("SampleStage", "ExecuteStage", "EmbedStage")}
 
 
 def sweep_file(tmp_path: Path, name: str, benchmarks: list[dict]) -> Path:
@@ -133,36 +134,50 @@ def test_sigkill_driver_then_resume(ray_head, tmp_path, leakray_cache):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_job_submit_sweep_with_sampler_actor_killed(ray_head, tmp_path, leakray_cache):
+    """One job, three kills: a live sampler, sandbox and embedding actor in turn, each while a
+    collect stage (shadow or target) has no marker."""
     from ray.util.state import list_actors
 
     _, dashboard, _, env = ray_head
     spec = sweep_file(tmp_path, "job", [{"name": "humaneval", "set": {"detect.seeds": [1]}}])
     out = tmp_path / "out"
     job_env = {"LEAKRAY_CACHE": str(leakray_cache), "LEAKRAY_CODE_VERSION": "faults"}
-    killed = []
+    killed = []  # (stage class, pid, collect stage, landed mid-stage)
+
+    def landed(cls: str) -> bool:
+        return any(c == cls and mid for c, _, _, mid in killed)
+
     with ThreadPoolExecutor(1) as pool:
         job = pool.submit(_submit, ray_head, ["jobs/sweep.py", str(spec)], job_env)
-        # bounded: kill a live sampler actor while its collect stage has no marker (up to 3 tries)
+        # bounded: each class in turn until one kill of it landed mid-stage (at most 3 tries each)
         end = time.monotonic() + 420
-        while not job.done() and time.monotonic() < end and len(killed) < 3:
-            actors = list_actors(address=dashboard, filters=[("class_name", "=", SAMPLER), ("state", "=", "ALIVE")],
-                                 raise_on_missing_output=False)
+        while not job.done() and time.monotonic() < end:
+            todo = [c for c in ACTORS if not landed(c) and sum(k[0] == c for k in killed) < 3]
             open_stages = [d for d in out.glob("runs/faults/*/collect_*") if not (d / "_DONE.json").exists()]
-            if actors and open_stages and actors[0].pid not in {pid for pid, *_ in killed}:
+            if not todo:
+                break
+            if not open_stages:
+                time.sleep(0.3)
+                continue
+            cls = todo[0]
+            actors = [a for a in list_actors(address=dashboard, raise_on_missing_output=False,
+                                             filters=[("class_name", "=", ACTORS[cls]), ("state", "=", "ALIVE")])
+                      if a.pid not in {pid for _, pid, *_ in killed}]
+            if actors:
                 time.sleep(1.0)  # let it take a batch
                 try:
                     os.kill(actors[0].pid, signal.SIGKILL)
                 except ProcessLookupError:
                     continue
                 # mid-stage: the stage's marker is still absent once the process is gone
-                killed.append((actors[0].pid, open_stages[0], not (open_stages[0] / "_DONE.json").exists()))
+                killed.append((cls, actors[0].pid, open_stages[0], not (open_stages[0] / "_DONE.json").exists()))
             time.sleep(0.3)
         proc = job.result()
-    assert any(mid for *_, mid in killed), f"no sampler actor was killed mid-stage: {killed}"
+    assert all(landed(c) for c in ACTORS), f"not every actor class was killed mid-stage: {killed}"
     assert "catalog" in proc.stdout and str(out / "catalog.sqlite") in proc.stdout
     (run_dir,) = run_dirs(out)
     check_collections(run_dir)
-    for _, stage, _ in killed:
+    for _, _, stage, _ in killed:
         assert (stage / "_DONE.json").exists()
         errors = pq.read_table(stage / "errors.parquet")
         assert errors.num_rows == 0, errors.to_pylist()

@@ -9,8 +9,8 @@ at least once, so rows are keyed by task id and deduplicated when read back.
 from __future__ import annotations
 
 import json
+import logging
 import math
-import shutil
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,6 +22,8 @@ import pyarrow.parquet as pq
 from leakray.data.tasks import program_of
 from leakray.models.sampler import SampleConfig
 from leakray.schema import C, T, X, collection_schema
+
+LOG = logging.getLogger(__name__)
 
 
 @dataclass
@@ -88,10 +90,27 @@ class SampleStage:
         prompts, refs = _col(batch, C.PROMPT), _col(batch, C.REFERENCE)
         langs, keys = _col(batch, C.LANGUAGE), _col(batch, C.TASK_ID)
         adv = _col(batch, C.ADV_PROMPTS) if self.extra.advprompt and C.ADV_PROMPTS in batch.column_names else None
-        rows = [self._row(prompts[i], refs[i], langs[i], keys[i], adv[i] if adv else None)
-                for i in range(len(prompts))]
-        names = dict.fromkeys(name for row in rows for name in row)  # a failed row lacks the extras: null
-        return _with(batch, {name: [row.get(name) for row in rows] for name in names})
+        rows = []
+        for i in range(len(prompts)):
+            try:
+                rows.append(self._row(prompts[i], refs[i], langs[i], keys[i], adv[i] if adv else None))
+            except Exception as exc:  # one task's crash (a prompt that breaks the tokenizer) fails that row alone
+                if isinstance(exc, MemoryError) or "OutOfMemory" in type(exc).__name__:
+                    raise  # the worker's state, not the row: Ray retries the batch
+                LOG.warning("sampling %s failed: %s", keys[i], type(exc).__name__, exc_info=True)
+                k = self.sampler.cfg.k
+                rows.append({C.COMPLETIONS: [""] * k, C.PERPLEXITY: [float("nan")] * k, C.N_TOKENS: [0] * k,
+                             C.REF_LOSS: float("nan"), C.NOTES: [f"failed:sample_error:{type(exc).__name__}"]})
+        # every batch gets the same columns (a failed row's are null), even one whose rows all failed
+        return _with(batch, {name: [row.get(name) for row in rows] for name in self._columns(adv is not None)})
+
+    def _columns(self, adv: bool) -> list[str]:
+        names = [C.COMPLETIONS, C.PERPLEXITY, C.N_TOKENS, C.REF_LOSS, C.REF_TOKEN_LOGPROBS, C.REF_TOKEN_MU,
+                 C.REF_TOKEN_SIGMA, C.REF_TOKEN_RANK]
+        names += [C.REFMODEL_TOKEN_LOGPROBS] if self.ref_sampler is not None else []
+        names += [C.UPPER_COMPLETIONS, C.UPPER_PERPLEXITY] if self.extra.upper_case else []
+        names += [C.ADV_COMPLETIONS, C.ADV_PERPLEXITY] if adv else []
+        return names + [C.NOTES]
 
     def _row(self, prompt: str, ref: str, lang: str, key: str, adv_prompts: list[str] | None) -> dict:
         # one task at a time: the sampler's counters (truncations, NaN losses) become this row's notes
@@ -165,19 +184,40 @@ class ExecuteStage:
                         X.PROGRAM: program_of(row[C.PROMPT], completion), X.TESTS: row[T.TESTS],
                     })
             spans.append((start, len(requests)))
-        results = self.sandbox.run_many(requests, workers=self.threads) if requests else []
-        status, passed = [], []
+        results = self._run(requests)
+        status, passed, notes = [], [], []
         for (a, b), row in zip(spans, rows):
+            notes.append(list(row[C.NOTES] or []))
             if a == b:  # no tests: the pass feature is absent, not "failed" (or the row failed earlier)
                 status.append(["not-run" if row_failed(row[C.NOTES]) else "no-tests"] * len(row[C.COMPLETIONS]))
                 passed.append([False] * len(row[C.COMPLETIONS]))
-            else:
-                status.append([r[X.STATUS] for r in results[a:b]])
-                passed.append([bool(r[X.PASSED]) and r[X.STATUS] == "passed" for r in results[a:b]])
+                continue
+            status.append([r[X.STATUS] for r in results[a:b]])
+            passed.append([bool(r[X.PASSED]) and r[X.STATUS] == "passed" for r in results[a:b]])
+            broken = next((r for r in results[a:b] if r.get(X.HARNESS_ERROR)), None)
+            if broken is not None:  # not the program's verdict: the row goes to the errors file, not "not passed"
+                LOG.warning("sandbox harness failed twice on %s: %s", broken[X.ID], broken[X.STDERR_TAIL][-500:])
+                notes[-1].append(f"failed:sandbox_harness:{broken[X.HARNESS_ERROR]}")
         return _with(batch, {
             C.EXEC_STATUS: status, C.PASSED: passed,
-            C.HAS_TESTS: [bool(row[T.TESTS].strip()) for row in rows],
+            C.HAS_TESTS: [bool(row[T.TESTS].strip()) for row in rows], C.NOTES: notes,
         })
+
+    def _run(self, requests: list[dict]) -> list[dict]:
+        """Results in order; a result the sandbox failed to produce (`X.HARNESS_ERROR`) is tried once more."""
+        from leakray.sandbox.core import error_result
+
+        # a NUL byte never compiles: the model's own error, not a bad request that would fail the row
+        results = [error_result(r[X.ID], "the program holds a NUL byte") if "\x00" in r[X.PROGRAM] else None
+                   for r in requests]
+        todo = [i for i, r in enumerate(results) if r is None]
+        for _ in range(2):
+            for i, r in zip(todo, self.sandbox.run_many([requests[i] for i in todo], workers=self.threads)):
+                results[i] = r
+            todo = [i for i in todo if results[i].get(X.HARNESS_ERROR)]
+            if not todo:
+                break
+        return results
 
 
 def solutions(batch: pa.Table) -> tuple[list[list[str]], list[str]]:
@@ -275,8 +315,8 @@ def input_table(tasks: list[dict], folds: dict[str, int], members: set[str]) -> 
                                                                  pa.field(T.RUNNER, pa.string())]))
 
 
-def collect_local(table: pa.Table, model_path: str, cfg: CollectConfig) -> pa.Table:
-    """The same stages in-process, batch by batch (tests, debugging)."""
+def collect_local(table: pa.Table, model_path: str, cfg: CollectConfig, errors_path: Path | None = None) -> pa.Table:
+    """The same stages in-process, batch by batch (tests, debugging); failed rows to `errors_path`."""
     sample = SampleStage(model_path, asdict(cfg.sample), asdict(cfg.extra))
     execute = ExecuteStage(cfg.execute_timeout_s, cfg.execute_threads, cfg.allow_weak_isolation)
     embed = EmbedStage(cfg.embed_model, cfg.embed_max_tokens, cfg.embed_stride, cfg.embed_batch_size,
@@ -284,22 +324,33 @@ def collect_local(table: pa.Table, model_path: str, cfg: CollectConfig) -> pa.Ta
     parts = []
     for batch in table.to_batches(max_chunksize=cfg.batch_size):
         parts.append(embed(score_stage(execute(sample(pa.Table.from_batches([batch]))))))
-    return finalize(pa.concat_tables(parts))
+    return finalize(pa.concat_tables(parts), errors_path)
+
+
+class AllRowsFailed(RuntimeError):
+    """Every row of a collection failed: a systemic fault (a broken model or sandbox), not bad rows."""
 
 
 def finalize(table: pa.Table, errors_path: Path | None = None) -> pa.Table:
     """One row per task (retries deduplicated), sorted, cast to the collection schema. Rows
-    whose sampling failed for good go to `errors_path` (task id and reasons), not the collection."""
-    seen, keep, failed = set(), [], []
+    whose processing failed for good go to `errors_path` (task id and reasons), not the collection;
+    `AllRowsFailed` when no row is left."""
+    chosen: dict[str, int] = {}
     notes = table.column(C.NOTES).to_pylist() if C.NOTES in table.column_names else [[]] * table.num_rows
     for i, task_id in enumerate(table.column(C.TASK_ID).to_pylist()):
-        if task_id not in seen:
-            seen.add(task_id)
-            (failed if row_failed(notes[i]) else keep).append(i)
+        if task_id not in chosen or (row_failed(notes[chosen[task_id]]) and not row_failed(notes[i])):
+            chosen[task_id] = i  # a retry that went through beats an attempt that failed
+    keep = [i for i in chosen.values() if not row_failed(notes[i])]
+    failed = [i for i in chosen.values() if row_failed(notes[i])]
     if errors_path is not None:
         errs = table.take(failed).select([C.TASK_ID, C.NOTES]) if failed else \
             pa.table({C.TASK_ID: pa.array([], pa.string()), C.NOTES: pa.array([], pa.list_(pa.string()))})
         pq.write_table(errs, errors_path)
+    if failed and not keep:  # an all-errors collection would only look like a run with nothing to detect
+        reasons = Counter(n for i in failed for n in notes[i] or [] if "failed:" in n).most_common(3)
+        raise AllRowsFailed(f"every row of the collection failed ({len(failed)} rows; ids and reasons in "
+                            f"{errors_path or 'no errors file'}); top reasons: "
+                            + ", ".join(f"{reason} x{count}" for reason, count in reasons))
     table = table.take(keep).sort_by(C.TASK_ID)
     schema = collection_schema()
     # optional columns a backend did not fill are all-null, never invented
@@ -339,10 +390,19 @@ def collect_on_ray(table: pa.Table, model_path: str, cfg: CollectConfig, out_dir
         "model": cfg.embed_model, "max_tokens": cfg.embed_max_tokens, "stride": cfg.embed_stride,
         "batch_size": cfg.embed_batch_size, "device": embed_device(cfg)}, batch_size=cfg.batch_size, batch_format="pyarrow",
         **pool(cfg.embed_resources))
-    parts = out_dir / "parts"
-    shutil.rmtree(parts, ignore_errors=True)  # a killed attempt's part files must not be read back
-    ds.write_parquet(str(parts))
-    return finalize(pq.read_table(str(parts)), out_dir / "errors.parquet")
+    return finalize(write_parts(ds, out_dir), out_dir / "errors.parquet")
+
+
+def write_parts(ds, out_dir: Path) -> pa.Table:
+    """Materialise a Ray dataset as part files under ``out_dir/parts`` and read them back. Workers
+    write from whatever node they run on: to the run's URI when it has one (`storage.shared_dir`),
+    so a multi-node run loses no block; a local path must then be shared by the nodes."""
+    from leakray.storage import clear_dir, shared_dir
+
+    parts, filesystem = shared_dir(out_dir / "parts")
+    clear_dir(parts, filesystem)  # a killed attempt's part files must not be read back
+    ds.write_parquet(parts, filesystem=filesystem)
+    return pq.read_table(parts, filesystem=filesystem)
 
 
 def collection_stats(table: pa.Table, seconds: float, errors_path: Path | None = None) -> dict:

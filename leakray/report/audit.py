@@ -236,5 +236,8 @@ def render_markdown(r: dict) -> str:
                      + (f" {_f(d.get('target_auc'))} |" if r.get("truth") else ""))
     if r.get("skipped"):
         lines += ["", "Not run: " + "; ".join(f"{k} ({v})" for k, v in r["skipped"].items())]
+    errors = {name: st["errors"] for name, st in (r.get("stages") or {}).items() if st.get("errors")}
+    if errors:  # degraded rows, and rows that failed for good (no verdict: ids in <stage>/errors.parquet)
+        lines += ["", "Row errors by stage: " + "; ".join(f"{name} {e}" for name, e in errors.items())]
     lines += ["", "Per-sample verdicts: samples.parquet and report.html."]
     return "\n".join(lines) + "\n"

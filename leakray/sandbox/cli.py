@@ -85,7 +85,7 @@ def run(args) -> int:
         pending: set = set()
         for lineno, req in _requests(args.input, errors):
             while errors:
-                emit(error_result(*errors.pop(0)))
+                emit(error_result(*errors.pop(0), harness_error="BadRequest"))
             pending.add(pool.submit(run_one, lineno, req))
             if len(pending) >= 4 * workers:  # bounded memory for a million rows
                 finished, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -94,6 +94,6 @@ def run(args) -> int:
         for f in pending:
             emit(f.result())
         for rid, msg in errors:
-            emit(error_result(rid, msg))
+            emit(error_result(rid, msg, harness_error="BadRequest"))
     print(f"leakray execute: {done} results -> {args.output} (isolation: {sandbox.isolation})", file=sys.stderr)
     return 0

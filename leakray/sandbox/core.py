@@ -40,8 +40,13 @@ def _result(rid, status: str, duration: float = 0.0, stdout: str = "", stderr: s
             X.STDOUT_TAIL: stdout, X.STDERR_TAIL: stderr}
 
 
-def error_result(rid, message: str) -> dict:
-    return _result(rid, "error", stderr=message)
+def error_result(rid, message: str, harness_error: str | None = None) -> dict:
+    """`harness_error` marks a result the sandbox failed to produce (`X.HARNESS_ERROR`): callers
+    may retry it or set the row aside, which they must never do for the program's own error."""
+    result = _result(rid, "error", stderr=message)
+    if harness_error:
+        result[X.HARNESS_ERROR] = harness_error
+    return result
 
 
 class Sandbox:
@@ -86,7 +91,7 @@ class Sandbox:
         try:
             rid, runner, program, tests, timeout = self._validate(request)
         except R.RunnerError as exc:
-            return error_result(rid, f"bad request: {exc}")
+            return error_result(rid, f"bad request: {exc}", harness_error="BadRequest")
         start = time.monotonic()
         try:
             if runner == "stdio":
@@ -98,7 +103,7 @@ class Sandbox:
         except R.RunnerError as exc:
             return error_result(rid, str(exc))
         except Exception as exc:  # the harness's own failure: one `error`, never a stopped batch
-            return error_result(rid, f"leakray sandbox: {type(exc).__name__}: {exc}")
+            return error_result(rid, f"leakray sandbox: {type(exc).__name__}: {exc}", harness_error=type(exc).__name__)
         result[X.DURATION_S] = round(time.monotonic() - start, 4)
         return result
 
