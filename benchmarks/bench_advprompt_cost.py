@@ -12,22 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_demo import run_demo  # noqa: E402
 
-def run_demo(out: Path, extra: list[str]) -> tuple[dict, float]:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", RAY_AUTH_MODE="disabled")
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "leakray.cli", "demo", "--output", str(out), *extra], env=env,
-                   check=True)
-    wall = time.perf_counter() - t0
-    newest = max(out.glob("*/report.json"), key=lambda p: p.stat().st_mtime)
-    return json.loads(newest.read_text()), wall
+from leakray.runs import cache_root  # noqa: E402
 
 
 def main() -> None:
@@ -38,8 +30,8 @@ def main() -> None:
     args = ap.parse_args()
     root = Path(args.keep or tempfile.mkdtemp(prefix="leakray-advcost-"))
     extra = (["--quick"] if args.quick else []) + [x for o in args.overrides for x in ("--set", o)]
-    off, wall_off = run_demo(root / "without", extra + ["--set", "columns.advprompt=false"])
-    on, wall_on = run_demo(root / "with", extra + ["--set", "columns.advprompt=true"])
+    off, wall_off = run_demo(root / "without", cache_root(), extra + ["--set", "columns.advprompt=false"])
+    on, wall_on = run_demo(root / "with", cache_root(), extra + ["--set", "columns.advprompt=true"])
     t_off, t_on = off["timings_s"], on["timings_s"]
     print(f"\n{'stage':<24}{'without (s)':>14}{'with advprompt (s)':>20}")
     for stage in dict.fromkeys([*t_on, *t_off]):
