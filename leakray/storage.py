@@ -28,6 +28,7 @@ from leakray.runs import MARKER, cache_root, output_root
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 # written once by a worker and read through the filesystem, never mirrored: Ray Data part files
 _NOT_MIRRORED = ("parts",)
+_TMP = re.compile(r"\.tmp\d+$")  # an atomic write in progress (`write_json_atomic`, `pull`)
 _OPEN: list["RunStore"] = []  # stores of this process, for `shared_dir`
 # (size, mtime_ns) of each local file as last uploaded, by absolute path: shared by the stores of
 # one process, so a multi-benchmark parent does not upload its runs' files a second time
@@ -77,7 +78,7 @@ def _is_marker(rel: str) -> bool:
 
 def _skipped(rel: str) -> bool:
     parts = rel.split("/")
-    return any(p in _NOT_MIRRORED for p in parts[:-1]) or ".tmp" in parts[-1]
+    return any(p in _NOT_MIRRORED for p in parts[:-1]) or bool(_TMP.search(parts[-1]))
 
 
 class RunStore:
