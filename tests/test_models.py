@@ -75,15 +75,15 @@ def test_long_prompt_loses_its_oldest_tokens_and_is_counted(tiny_lm):
     assert sampler.stats["prompt_truncated_left"] == 2
 
 
-def test_reference_loss_is_nan_and_counted_when_nothing_fits(tiny_lm):
+def test_reference_loss_is_nan_only_when_nothing_can_be_scored(tiny_lm):
     path, _ = tiny_lm
     sampler = make_sampler(str(path), SampleConfig(max_new_tokens=8, max_model_len=40))
     long_ref = PROMPT + "    return a + b  # " + "words " * 60 + "\n"
     long_prompt = "# " + "filler words here " * 40 + "\n" + PROMPT
     losses = sampler.reference_loss([PROMPT, PROMPT, long_prompt],
                                     [PROMPT, long_ref, long_prompt + "    return a + b\n"])
-    assert math.isnan(losses[0]) and math.isnan(losses[1]) and math.isfinite(losses[2])
-    assert sampler.stats["ref_loss_no_continuation"] == 1 and sampler.stats["ref_loss_too_long"] == 1
+    assert math.isnan(losses[0]) and math.isfinite(losses[1]) and math.isfinite(losses[2])
+    assert sampler.stats["ref_loss_no_continuation"] == 1 and sampler.stats["ref_loss_truncated_right"] == 1
     assert sampler.stats["ref_loss_context_truncated_left"] == 1
 
 
@@ -194,7 +194,8 @@ def test_vllm_refuses_a_prompt_over_the_model_length(monkeypatch):
     s.sample(["y" * 20], ["python"], ["ok/1"])
     with pytest.raises(BadInput, match="HumanEval/7"):
         s.sample(["y" * 20, "z" * 21], ["python", "python"], ["ok/1", "HumanEval/7"])
-    assert math.isnan(s.reference_loss(["ab"], ["ab" + "c" * 40])[0]) and s.stats["ref_loss_too_long"] == 1
+    # a reference longer than the window: its head is scored (the stand-in's log-probs are all -1)
+    assert s.reference_loss(["ab"], ["ab" + "c" * 40])[0] == 1.0 and s.stats["ref_loss_truncated_right"] == 1
 
 
 def test_missing_vllm_names_the_extra(monkeypatch):

@@ -19,8 +19,12 @@ from typing import Protocol
 PROMPT_TRUNCATED_LEFT = "prompt_truncated_left"  # HF: prompt longer than the context, oldest tokens dropped
 REF_LOSS_CONTEXT_TRUNCATED_LEFT = "ref_loss_context_truncated_left"  # same, for a reference's prompt
 REF_LOSS_NO_CONTINUATION = "ref_loss_no_continuation"  # nothing of the reference follows the prompt: NaN
-REF_LOSS_TOO_LONG = "ref_loss_too_long"  # the reference's own tokens exceed the context: NaN
-STATS = (PROMPT_TRUNCATED_LEFT, REF_LOSS_CONTEXT_TRUNCATED_LEFT, REF_LOSS_NO_CONTINUATION, REF_LOSS_TOO_LONG)
+REF_LOSS_TOO_LONG = "ref_loss_too_long"  # no context token precedes the reference, and it fills the window: NaN
+# the reference's own tokens exceed the context: its head is scored (the tokens the window holds
+# after half a window of context), as the fine-tune that leaked it saw it cut too
+REF_LOSS_TRUNCATED_RIGHT = "ref_loss_truncated_right"
+STATS = (PROMPT_TRUNCATED_LEFT, REF_LOSS_CONTEXT_TRUNCATED_LEFT, REF_LOSS_NO_CONTINUATION, REF_LOSS_TOO_LONG,
+         REF_LOSS_TRUNCATED_RIGHT)
 # `RefScores.notes`: a per-token field the backend cannot fill (the row is fine otherwise)
 REF_MU_SIGMA_UNAVAILABLE = "ref_mu_sigma_unavailable"  # needs the full distribution (vLLM, endpoints)
 REF_RANK_UNAVAILABLE = "ref_rank_unavailable"
@@ -174,7 +178,8 @@ def perplexity(logprobs: list[float]) -> float:
 
 def reference_tokens(tok, prompt: str, reference: str, max_len: int, stats: Counter) -> tuple[list[int], int] | None:
     """(token ids, leading ones that are context) to score a reference's continuation, or
-    None (counted in `stats`) when there is nothing to score or it cannot fit `max_len`.
+    None (counted in `stats`) when there is nothing to score. A continuation longer than
+    `max_len` is scored on its head, after half a window of context.
 
     Context tokens are those the program shares with the generation prompt tokenised alone,
     so a token that straddles the boundary is scored, as it would be when sampled. Context
@@ -192,8 +197,13 @@ def reference_tokens(tok, prompt: str, reference: str, max_len: int, stats: Coun
         stats[REF_LOSS_NO_CONTINUATION] += 1
         return None
     if len(ids) - n_ctx >= max_len:  # at least one context token must precede the first scored one
-        stats[REF_LOSS_TOO_LONG] += 1
-        return None
+        if n_ctx == 0:
+            stats[REF_LOSS_TOO_LONG] += 1
+            return None
+        keep = min(n_ctx, max_len // 2)  # the context nearest the reference, then its head
+        ids, n_ctx = ids[n_ctx - keep: n_ctx - keep + max_len], keep
+        stats[REF_LOSS_TRUNCATED_RIGHT] += 1
+        return ids, n_ctx
     if len(ids) > max_len:
         drop = len(ids) - max_len
         ids, n_ctx = ids[drop:], n_ctx - drop
