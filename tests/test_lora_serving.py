@@ -5,6 +5,7 @@ stand-in here (no GPU); scripts/gpu_check.py checks the real engine on one."""
 
 import importlib.machinery
 import json
+from pathlib import Path
 import sys
 import types
 from dataclasses import asdict
@@ -168,7 +169,9 @@ def _sample_through_stage(table, path, ccfg):
 def _simulate_cfg(**sample):
     from leakray.config import SimulateConfig
 
+    # a non-GPT-2 base (vLLM serves no LoRA over GPT-2): any existing directory passes the config's check
     return SimulateConfig.model_validate({
+        "model": {"base": str(Path(__file__).resolve().parent / "fixtures")},
         "sample": {"backend": "vllm", "k": 2, "max_model_len": 256, **sample},
         "target": {"method": "lora"}, "shadow": {"method": "lora"},
         "columns": {"advprompt": False, "upper_case": True, "reference_model": None},

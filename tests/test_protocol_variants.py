@@ -7,6 +7,7 @@ import pytest
 
 from leakray.config import load_config
 from leakray.pipelines import simulate
+from leakray.storage import local_run_dir
 
 
 def _tasks(prefix, n):
@@ -48,7 +49,7 @@ def test_several_benchmarks_run_once_each_then_compare(monkeypatch, tmp_path):
 
     def fake_run_one(cfg, console):  # stands for a finished run: a report with two detectors
         seen.append((cfg.benchmark.name, cfg.benchmark.path))
-        run = simulate.output_root(cfg.output_dir) / f"{cfg.benchmark.name}-run"
+        run = local_run_dir(cfg.output_dir, f"{cfg.benchmark.name}-run")
         run.mkdir(parents=True)
         auc = {"humaneval": (0.9, 0.6), "mbxp": (0.8, 0.7)}[cfg.benchmark.name]
         (run / "report.json").write_text(json.dumps({
@@ -96,7 +97,7 @@ def test_dose_sweep_runs_each_dose_and_draws_the_detectability_curve(monkeypatch
 
     def fake_run_one(cfg, console):
         seen.append((cfg.leak.mode, cfg.leak.dose))
-        return _fake_report(simulate.output_root(cfg.output_dir) / f"d{cfg.leak.dose}", cfg.leak.dose)
+        return _fake_report(local_run_dir(cfg.output_dir, f"d{cfg.leak.dose}"), cfg.leak.dose)
 
     monkeypatch.setattr(simulate, "run_one", fake_run_one)
     cfg = load_config([], ["leak.mode=dose-sweep", "leak.doses=[16,1,4]", f"output_dir={tmp_path}"])
