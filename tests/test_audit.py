@@ -129,7 +129,7 @@ def test_audit_refuses_bad_input(tmp_path):
 
 
 AUDIT = ["--quick", "--set", "detect.detectors=[ref_loss,min_k,gt_match,cgmia]", "--set", "audit.member_fraction=0.25",
-         "--set", "columns.upper_case=false"]
+         "--set", "columns.upper_case=false", "--set", "detect.trace_memory=false"]
 
 
 @pytest.mark.slow

@@ -77,7 +77,9 @@ def detector_summary(metrics: dict) -> dict:
             if isinstance(row[k], float) and row[k].is_integer():
                 row[k] = int(row[k])
         th = metrics.get("thresholds", {}).get(name)
-        row["cost"] = metrics.get("costs", {}).get(name)
+        # a family evaluated by its own code (advprompt: both settings at once) has its wall time only
+        seconds = metrics.get("seconds", {}).get(name)
+        row["cost"] = metrics.get("costs", {}).get(name) or (None if seconds is None else {"wall_s": seconds})
         spec = metrics.get("specs", {}).get(name) or {}
         row["access"], row["family"] = spec.get("access"), spec.get("family")
         row["threshold"] = None if th is None else {
