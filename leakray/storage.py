@@ -226,11 +226,8 @@ def ray_storage(local_dir: str | Path) -> dict:
 def clear_dir(path: str, filesystem: pafs.FileSystem | None) -> None:
     """Remove a directory (a killed attempt's part files must not be read back); absent is fine."""
     fs_ = filesystem or pafs.LocalFileSystem()
-    try:
+    if fs_.get_file_info(path).type != pafs.FileType.NotFound:
         fs_.delete_dir(path)
-    except (FileNotFoundError, OSError) as exc:
-        if fs_.get_file_info(path).type != pafs.FileType.NotFound:
-            raise exc
 
 
 def local_copy(uri: str) -> Path:

@@ -109,7 +109,6 @@ def test_a_killed_pull_never_leaves_a_marker_without_files(tmp_path, monkeypatch
     monkeypatch.setenv("LEAKRAY_CACHE", str(tmp_path / "node2"))
     storage._SENT.clear()
     fetched = []
-    real = pafs.LocalFileSystem.open_input_stream
 
     class Dying(pafs.FSSpecHandler):
         def open_input_stream(self, path):
@@ -126,7 +125,6 @@ def test_a_killed_pull_never_leaves_a_marker_without_files(tmp_path, monkeypatch
         RunStore(uri, "run-c")
     local = storage.staging_dir(uri) / "run-c"
     assert not (local / "second" / MARKER).exists() and not (local / "first" / MARKER).exists()
-    del real
 
 
 def test_a_bad_uri_is_refused_in_one_line():
