@@ -34,10 +34,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from leakray.detect.datafiles import load_tensors, save_tensors
 from leakray.errors import BadInput
 from leakray.perturb.core import SLOTS, slot_name
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: weights in safetensors (1: torch pickles)
 N_VARIANTS = len(SLOTS)  # 11
 SLOT_NAMES = tuple(slot_name(k, i) for k, i in SLOTS)
 FEATURE_NAMES = (("sim_base",) + tuple(f"sim_{s}" for s in SLOT_NAMES) + ("sim_mean", "sim_std")
@@ -45,7 +46,7 @@ FEATURE_NAMES = (("sim_base",) + tuple(f"sim_{s}" for s in SLOT_NAMES) + ("sim_m
 N_FEATURES = len(FEATURE_NAMES)  # 27
 _SIM = slice(0, 12)  # sim_base + 11 slots
 _PPL = slice(14, 25)  # 11 relative perplexities
-_CONFIG_FILE, _WEIGHTS_FILE = "advprompt.json", "weights.pt"
+_CONFIG_FILE, _WEIGHTS_FILE = "advprompt.json", "weights.safetensors"
 ARRAY_KEYS = ("ref", "base", "adv", "base_ppl", "adv_ppl", "adv_mask")
 
 
@@ -211,7 +212,7 @@ class AdvPromptDetector:
     def save(self, directory: str | Path) -> Path:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        torch.save({k: v.detach().cpu() for k, v in self.net.state_dict().items()}, directory / _WEIGHTS_FILE)
+        save_tensors(self.net.state_dict(), directory / _WEIGHTS_FILE)
         meta = {"format_version": FORMAT_VERSION, "config": self.config.to_dict(), "seed": self.seed,
                 "mean": self.mean.tolist(), "scale": self.scale.tolist(), "n_train": self.n_train,
                 "history": self.history, "features": list(FEATURE_NAMES)}
@@ -231,7 +232,7 @@ class AdvPromptDetector:
         if device is not None:
             cfg["device"] = device
         det = cls(AdvPromptConfig.from_dict(cfg), meta["seed"], np.array(meta["mean"]), np.array(meta["scale"]))
-        det.net.load_state_dict(torch.load(directory / _WEIGHTS_FILE, map_location="cpu", weights_only=True))
+        det.net.load_state_dict(load_tensors(directory / _WEIGHTS_FILE))
         det.net.to(det.config.device)
         det.n_train, det.history = int(meta["n_train"]), list(meta["history"])
         return det

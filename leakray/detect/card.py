@@ -6,6 +6,13 @@ rows calibration, curves and the prevalence correction are measured on), one cal
 per detector, the validation metrics, and ``card.json`` (written last: it marks the card
 complete) with the shadow's configuration and base model. ``leakray card build`` writes
 one; ``leakray audit --card DIR`` reuses it and states its id.
+
+A card is shared between users, so it is data, never code: every file is JSON, parquet,
+numpy (read without pickles), safetensors or skops (see ``leakray.detect.datafiles``), and
+``card.json`` records each file's sha256 (``files``: relative path -> hash; part of the
+card id). Opening a card checks both: a file whose extension can hold code, a file whose
+bytes differ from its recorded hash, a recorded file that is gone, or an unrecorded file
+among the detectors is refused with one line naming it, before anything is loaded.
 """
 
 from __future__ import annotations
@@ -18,15 +25,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from leakray.detect.datafiles import DATA_SUFFIXES
 from leakray.errors import BadInput
 from leakray.evaluate.calibration import Calibrator
-from leakray.runs import content_hash, write_json_atomic
+from leakray.runs import MARKER, content_hash, file_digest, write_json_atomic
 from leakray.schema import S
 
 CARD_FILE = "card.json"
 VAL_SCORES = "val_scores.parquet"
 DETECTORS_DIR = "detectors"
-VERSION = 1
+VERSION = 2  # 2: plain-data detector files with recorded hashes (1: pickles)
 
 
 def saved_name(name: str, seed: int) -> str:
@@ -45,7 +53,10 @@ class DetectorCard:
                            path=str(meta_path))
         self.meta: dict[str, Any] = json.loads(meta_path.read_text())
         if self.meta.get("version") != VERSION:
-            raise BadInput(f"detector card version {self.meta.get('version')} is not {VERSION}", path=str(meta_path))
+            raise BadInput(f"detector card version {self.meta.get('version')} is not {VERSION}"
+                           + (" (its detectors are pickles; build the card again)" if self.meta.get("version") == 1
+                              else ""), path=str(meta_path))
+        check_files(self.path, self.meta.get("files"))
 
     @property
     def id(self) -> str:
@@ -83,8 +94,9 @@ class DetectorCard:
             if why:
                 skipped[name] = why
                 continue
+            det = self.load_detector(name)  # a bad card file is refused, not passed off as unusable input
             try:
-                scores[name] = np.asarray(self.load_detector(name).score(table), dtype=np.float64)
+                scores[name] = np.asarray(det.score(table), dtype=np.float64)
             except BadInput as exc:
                 skipped[name] = f"input unusable: {exc}"
         return scores, skipped
@@ -105,11 +117,54 @@ def write_card(out: Path, *, result: dict, val_table: pa.Table, calibration: dic
             "validation": metrics, "calibration": calibration[name], "calibration_quality": calibration_quality[name],
             "suspect_cut": suspect_cuts[name],
         }
+    check_suffixes(out)
     body = {
-        "version": VERSION, "detectors": detectors, "skipped": result.get("skipped", {}),
+        "version": VERSION, "files": card_files(out), "detectors": detectors, "skipped": result.get("skipped", {}),
         "n_val": int(val_table.num_rows), "val_task_ids": sorted(val_table.column(S.TASK_ID).to_pylist()),
         "threshold_rule": result["threshold_rule"], "seeds": result["seeds"], **meta,
     }
     body["card_id"] = content_hash(body)
     write_json_atomic(out / CARD_FILE, body)
     return DetectorCard(out)
+
+
+def _card_paths(root: Path) -> list[Path]:
+    """Every file of a card but card.json (and the stage marker of the run that built it)."""
+    return sorted(p for p in root.rglob("*") if not p.is_dir() and p.relative_to(root).as_posix()
+                  not in (CARD_FILE, MARKER) and not p.name.startswith(CARD_FILE + ".tmp"))
+
+
+def check_suffixes(root: Path) -> None:
+    """Refuse a card holding a file whose format can carry code (a pickle, ...)."""
+    for p in _card_paths(root):
+        if p.is_symlink() or p.suffix.lower() not in DATA_SUFFIXES:
+            what = "is a symbolic link" if p.is_symlink() else f"has extension {p.suffix or '(none)'!r}"
+            raise BadInput(f"card file {what}: a card holds data only ({', '.join(DATA_SUFFIXES)})",
+                           path=str(p))
+
+
+def card_files(root: Path) -> dict[str, str]:
+    """Relative path -> sha256 of every card file (written into card.json)."""
+    return {p.relative_to(root).as_posix(): file_digest(p) for p in _card_paths(root)}
+
+
+def check_files(root: Path, files: dict[str, str] | None) -> None:
+    """The card's files are the ones card.json recorded, byte for byte, and all plain data."""
+    if not isinstance(files, dict) or not files:
+        raise BadInput("detector card records no file hashes", path=str(root / CARD_FILE))
+    check_suffixes(root)
+    for rel, digest in files.items():
+        p = root / rel
+        if not p.resolve().is_relative_to(root.resolve()):
+            raise BadInput("card file lies outside the card", path=str(p))
+        if Path(rel).suffix.lower() not in DATA_SUFFIXES:
+            raise BadInput(f"card file has extension {Path(rel).suffix or '(none)'!r}: a card holds data only",
+                           path=str(p))
+        if not p.is_file():
+            raise BadInput("card file recorded in card.json is missing", path=str(p))
+        if file_digest(p) != digest:
+            raise BadInput("card file differs from the sha256 recorded in card.json", path=str(p))
+    for p in _card_paths(root):
+        rel = p.relative_to(root).as_posix()
+        if rel not in files and rel.startswith(DETECTORS_DIR + "/"):
+            raise BadInput("card file is not recorded in card.json", path=str(p))

@@ -38,14 +38,15 @@ import torch
 from torch import nn
 
 from leakray.detect.arrays import list_column, scalar_column
+from leakray.detect.datafiles import join_state, load_arrays, load_tensors, save_tensors, split_state
 from leakray.errors import BadInput
 from leakray.evaluate.thresholds import DEFAULT_RULE, choose_threshold, parse_rule
 from leakray.schema import C
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: weights in safetensors (1: torch pickles)
 CROSS_FIT_FOLDS = 4
 _ROW_KEYS = ("gen", "ref", "expert", "member", "task_id")
-_CONFIG_FILE, _WEIGHTS_FILE, _SCALER_FILE = "cgmia.json", "weights.pt", "scaler.npz"
+_CONFIG_FILE, _WEIGHTS_FILE, _SCALER_FILE = "cgmia.json", "weights.safetensors", "scaler.npz"
 
 
 @dataclass
@@ -267,12 +268,13 @@ class CGMIADetector:
         return det
 
     def save(self, directory: str | Path) -> Path:
-        """Write config+seed (json), weights incl. frozen parts (pt), scaler (npz) to a directory."""
+        """Write config+seed (json), weights incl. frozen parts (safetensors), scaler (npz) to a directory:
+        plain data, nothing that runs code when loaded."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         st = self.state()
         meta = {k: v for k, v in st.items() if k not in ("frozen", "head", "scaler_mean", "scaler_scale")}
-        torch.save({"frozen": st["frozen"], "head": st["head"]}, directory / _WEIGHTS_FILE)
+        save_tensors(split_state({"frozen": st["frozen"], "head": st["head"]}), directory / _WEIGHTS_FILE)
         np.savez(directory / _SCALER_FILE, mean=self.scaler_mean, scale=self.scaler_scale)
         (directory / _CONFIG_FILE).write_text(json.dumps(meta, indent=1))  # last: marks completion
         return directory
@@ -283,9 +285,9 @@ class CGMIADetector:
         if not (directory / _CONFIG_FILE).exists():
             raise BadInput("not a saved CGMIA detector", path=str(directory / _CONFIG_FILE))
         meta = json.loads((directory / _CONFIG_FILE).read_text())
-        weights = torch.load(directory / _WEIGHTS_FILE, map_location="cpu", weights_only=True)
-        with np.load(directory / _SCALER_FILE) as sc:
-            meta.update(scaler_mean=sc["mean"], scaler_scale=sc["scale"])
+        weights = join_state(load_tensors(directory / _WEIGHTS_FILE), ("frozen", "head"))
+        sc = load_arrays(directory / _SCALER_FILE)
+        meta.update(scaler_mean=sc["mean"], scaler_scale=sc["scale"])
         meta.update(weights)
         return cls.from_state(meta, device=device)
 

@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from leakray.detect.base import Detector, DetectorSpec, labels
 from leakray.detect.cgmia import CROSS_FIT_FOLDS, CGMIAConfig, CGMIADetector, arrays_from_table, cross_fit_proba, fit
+from leakray.detect.datafiles import load_array
 from leakray.errors import BadInput
 from leakray.evaluate.thresholds import choose_threshold
 from leakray.schema import C
@@ -80,5 +81,5 @@ class CGMIAEnsemble(Detector):
         np.save(directory / "weights.npy", self.weights)
 
     def _load_state(self, directory: Path) -> None:
-        self.weights = np.load(directory / "weights.npy")
+        self.weights = load_array(directory / "weights.npy")
         self.models = [CGMIADetector.load(directory / f"member{i}") for i in range(len(self.weights))]

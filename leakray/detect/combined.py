@@ -20,6 +20,7 @@ threshold comes from out-of-fold shadow probabilities (k-fold cross-fit by task,
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +29,14 @@ import pyarrow as pa
 
 from leakray.detect.arrays import list_column
 from leakray.detect.base import Detector, DetectorSpec, labels, missing_input, task_keys
+from leakray.detect.datafiles import MODEL_FILE, load_sklearn, save_sklearn
 from leakray.errors import BadInput
 from leakray.schema import C
 
 GROUPS = ("expert", "semantic", "likelihood", "generation", "advprompt")
 LIKELIHOOD = ("ref_loss", "min_k", "min_k_pp", "zlib", "ref_calibrated")
 GENERATION = ("detectleak", "gt_match", "cdd", "buzzer_b")
+_USED_FILE = "used_inputs.json"  # the inputs each group fed in fitting
 
 
 def _expert_summary(table: pa.Table) -> np.ndarray:
@@ -163,12 +166,9 @@ class Combined(Detector):
         return self.model.predict_proba(x)[:, 1].astype(np.float64)
 
     def _save_state(self, directory: Path) -> None:
-        import joblib
-
-        joblib.dump({"model": self.model, "used": self.used}, directory / "model.joblib")
+        save_sklearn(self.model, directory / MODEL_FILE)
+        (directory / _USED_FILE).write_text(json.dumps(self.used, indent=1))
 
     def _load_state(self, directory: Path) -> None:
-        import joblib
-
-        state = joblib.load(directory / "model.joblib")
-        self.model, self.used = state["model"], state["used"]
+        self.model = load_sklearn(directory / MODEL_FILE)
+        self.used = json.loads((directory / _USED_FILE).read_text())

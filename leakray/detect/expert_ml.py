@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from leakray.detect.arrays import list_column
 from leakray.detect.base import Detector, DetectorSpec, labels, split_by_task, task_keys
+from leakray.detect.datafiles import MODEL_FILE, load_sklearn, save_sklearn
 from leakray.errors import BadInput
 from leakray.schema import C
 
@@ -172,14 +173,10 @@ class ExpertML(Detector):
         return model_scores(self.model, expert_means(table))
 
     def _save_state(self, directory: Path) -> None:
-        import joblib
-
-        joblib.dump(self.model, directory / "model.joblib")
+        save_sklearn(self.model, directory / MODEL_FILE)
 
     def _load_state(self, directory: Path) -> None:
-        import joblib
-
-        self.model = joblib.load(directory / "model.joblib")
+        self.model = load_sklearn(directory / MODEL_FILE)
 
 
 def _spec(name: str, what: str) -> DetectorSpec:

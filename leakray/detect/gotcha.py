@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from leakray.detect.arrays import list_column
 from leakray.detect.base import DetectorSpec, HeldoutLearned, labels
+from leakray.detect.datafiles import MODEL_FILE, load_sklearn, save_sklearn
 from leakray.errors import BadInput
 from leakray.schema import C
 
@@ -66,11 +67,7 @@ class Gotcha(HeldoutLearned):
         return self.model.predict_proba(x)[:, 1].reshape(table.num_rows, k).mean(axis=1).astype(np.float64)
 
     def _save_state(self, directory: Path) -> None:
-        import joblib
-
-        joblib.dump(self.model, directory / "model.joblib")
+        save_sklearn(self.model, directory / MODEL_FILE)
 
     def _load_state(self, directory: Path) -> None:
-        import joblib
-
-        self.model = joblib.load(directory / "model.joblib")
+        self.model = load_sklearn(directory / MODEL_FILE)

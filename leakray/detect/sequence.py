@@ -27,11 +27,13 @@ import torch
 from torch import nn
 
 from leakray.detect.base import DetectorSpec, HeldoutLearned, labels
+from leakray.detect.datafiles import load_tensors, save_tensors
 from leakray.errors import BadInput
 from leakray.features.expert import code_tokens
 from leakray.schema import C
 
 PAD, SEP = 0, 1
+_WEIGHTS_FILE = "weights.safetensors"
 
 
 def token_ids(text: str, vocab: int, max_len: int) -> list[int]:
@@ -165,11 +167,11 @@ class SequenceModel(HeldoutLearned):
         return p.reshape(table.num_rows, k).mean(axis=1)
 
     def _save_state(self, directory: Path) -> None:
-        torch.save(self.model.state_dict(), directory / "weights.pt")
+        save_tensors(self.model.state_dict(), directory / _WEIGHTS_FILE)
 
     def _load_state(self, directory: Path) -> None:
         self.model = self._build()
-        self.model.load_state_dict(torch.load(directory / "weights.pt", map_location="cpu", weights_only=True))
+        self.model.load_state_dict(load_tensors(directory / _WEIGHTS_FILE))
         self.model.eval()
 
 
