@@ -213,3 +213,30 @@ def test_a_program_that_crashes_the_sandbox_harness_goes_to_the_errors_file(tmp_
     stats = collection_stats(out, 1.0, tmp_path / "errors.parquet")
     assert stats["errors"] == {"failed:sandbox_harness:OSError": 1}
     assert stats["exec_status"] == {"passed": 3, "error": 1}
+
+
+def test_fault_barrier_is_a_no_op_unless_set_and_holds_until_released(tmp_path, monkeypatch):
+    import os
+    import threading
+    import time
+
+    from leakray.pipelines import collect
+
+    monkeypatch.delenv(collect.FAULT_BARRIER_ENV, raising=False)
+    collect.fault_barrier("SampleStage")  # unset: returns at once, writes nothing
+    assert list(tmp_path.iterdir()) == []
+
+    monkeypatch.setenv(collect.FAULT_BARRIER_ENV, str(tmp_path))
+    held = threading.Thread(target=collect.fault_barrier, args=("EmbedStage",))
+    held.start()
+    ready = tmp_path / f"ready-EmbedStage-{os.getpid()}"
+    end = time.monotonic() + 10
+    while not ready.exists() and time.monotonic() < end:
+        time.sleep(0.05)
+    assert ready.exists()
+    time.sleep(0.3)
+    assert held.is_alive()  # waiting for its release
+    (tmp_path / "release-EmbedStage").touch()
+    held.join(5)
+    assert not held.is_alive()
+    collect.fault_barrier("EmbedStage")  # released: passes without waiting

@@ -1,7 +1,8 @@
 """Faults on a real local Ray head: SIGKILL of the whole sweep driver mid-collection and
 between cells, then resume; a `ray job submit` of jobs/sweep.py during which a sampler, a
-sandbox and an embedding actor process are each SIGKILLed mid-stage. Tiny protocol (8 tasks, 1-layer model, k=2) so the
-module stays within a few minutes on two cores."""
+sandbox and an embedding actor process are each SIGKILLed mid-stage (held there by the
+collection's test barrier). Tiny protocol (8 tasks, 1-layer model, k=2) so the module stays
+within a few minutes on two cores."""
 
 import json
 import os
@@ -31,8 +32,8 @@ TINY = {  # seconds, not a measurement: what the faults need is stages, rows and
     "sample.k": 2, "sample.max_new_tokens": 24, "ray.sample_actors": 1,
 }
 DETECTORS = ["ref_loss", "gt_match", "detectleak", "min_k"]
-# the collection's actor pools: sampler, sandbox, embedding (Ray Data names its actors so)
-ACTORS = {stage: f"MapWorker(MapBatches({stage}))" for stage in ("SampleStage", "ExecuteStage", "EmbedStage")}
+# the collection's actor pools in pipeline order: sampler, sandbox, embedding
+ACTORS = ("SampleStage", "ExecuteStage", "EmbedStage")
 
 
 def sweep_file(tmp_path: Path, name: str, benchmarks: list[dict]) -> Path:
@@ -131,53 +132,53 @@ def test_sigkill_driver_then_resume(ray_head, tmp_path, leakray_cache):
     assert len(counts) == n_detectors and set(counts.values()) == {1}, counts  # one row per cell x detector
 
 
+def wait_held(barrier: Path, cls: str, job, timeout: float = 420.0) -> int:
+    """The pid of the first ``cls`` actor held at the collection's fault barrier."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        ready = sorted(barrier.glob(f"ready-{cls}-*"))
+        if ready:
+            return int(ready[0].name.rsplit("-", 1)[1])
+        if job.done():
+            job.result()  # the job's own failure, if it failed
+            raise AssertionError(f"the job finished without a {cls} actor reaching the fault barrier")
+        time.sleep(0.2)
+    raise AssertionError(f"no {cls} actor reached the fault barrier in {timeout:.0f} s")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_job_submit_sweep_with_sampler_actor_killed(ray_head, tmp_path, leakray_cache):
-    """One job, three kills: a live sampler, sandbox and embedding actor in turn, each while a
-    collect stage (shadow or target) has no marker."""
-    from ray.util.state import list_actors
+    """One job, three kills: a sampler, sandbox and embedding actor in turn, each SIGKILLed while
+    it holds its first batch at the collection's test barrier ($LEAKRAY_FAULT_BARRIER), so
+    every kill lands mid-stage by construction; then the class is released and the run goes
+    on. The test fails only if rows are lost, duplicated or failed."""
+    from leakray.pipelines.collect import FAULT_BARRIER_ENV
 
-    _, dashboard, _, env = ray_head
     spec = sweep_file(tmp_path, "job", [{"name": "humaneval", "set": {"detect.seeds": [1]}}])
-    out = tmp_path / "out"
-    job_env = {"LEAKRAY_CACHE": str(leakray_cache), "LEAKRAY_CODE_VERSION": "faults"}
-    killed = []  # (stage class, pid, collect stage, landed mid-stage)
-
-    def landed(cls: str) -> bool:
-        return any(c == cls and mid for c, _, _, mid in killed)
+    out, barrier = tmp_path / "out", tmp_path / "barrier"
+    barrier.mkdir()
+    job_env = {"LEAKRAY_CACHE": str(leakray_cache), "LEAKRAY_CODE_VERSION": "faults", FAULT_BARRIER_ENV: str(barrier)}
+    killed = []  # (stage class, pid, open collect stage)
 
     with ThreadPoolExecutor(1) as pool:
         job = pool.submit(_submit, ray_head, ["jobs/sweep.py", str(spec)], job_env)
-        # bounded: each class in turn until one kill of it landed mid-stage (at most 3 tries each)
-        end = time.monotonic() + 420
-        while not job.done() and time.monotonic() < end:
-            todo = [c for c in ACTORS if not landed(c) and sum(k[0] == c for k in killed) < 3]
-            open_stages = [d for d in out.glob("runs/faults/*/collect_*") if not (d / "_DONE.json").exists()]
-            if not todo:
-                break
-            if not open_stages:
-                time.sleep(0.3)
-                continue
-            cls = todo[0]
-            actors = [a for a in list_actors(address=dashboard, raise_on_missing_output=False,
-                                             filters=[("class_name", "=", ACTORS[cls]), ("state", "=", "ALIVE")])
-                      if a.pid not in {pid for _, pid, *_ in killed}]
-            if actors:
-                time.sleep(1.0)  # let it take a batch
-                try:
-                    os.kill(actors[0].pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    continue
-                # mid-stage: the stage's marker is still absent once the process is gone
-                killed.append((cls, actors[0].pid, open_stages[0], not (open_stages[0] / "_DONE.json").exists()))
-            time.sleep(0.3)
+        try:
+            for cls in ACTORS:  # in pipeline order: each class is held until it was killed
+                pid = wait_held(barrier, cls, job)
+                (stage,) = [d for d in out.glob("runs/faults/*/collect_*") if not (d / "_DONE.json").exists()]
+                os.kill(pid, signal.SIGKILL)
+                killed.append((cls, pid, stage))
+                (barrier / f"release-{cls}").touch()
+        finally:
+            for cls in ACTORS:  # never leave the job waiting at the barrier
+                (barrier / f"release-{cls}").touch()
         proc = job.result()
-    assert all(landed(c) for c in ACTORS), f"not every actor class was killed mid-stage: {killed}"
+    assert [k[0] for k in killed] == list(ACTORS), killed
     assert "catalog" in proc.stdout and str(out / "catalog.sqlite") in proc.stdout
     (run_dir,) = run_dirs(out)
     check_collections(run_dir)
-    for _, _, stage, _ in killed:
+    for _, _, stage in killed:
         assert (stage / "_DONE.json").exists()
         errors = pq.read_table(stage / "errors.parquet")
         assert errors.num_rows == 0, errors.to_pylist()

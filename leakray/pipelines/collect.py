@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,6 +26,29 @@ from leakray.models.sampler import SampleConfig
 from leakray.schema import C, T, X, collection_schema
 
 LOG = logging.getLogger(__name__)
+FAULT_BARRIER_ENV = "LEAKRAY_FAULT_BARRIER"  # tests only: see fault_barrier
+FAULT_BARRIER_TIMEOUT_S = 600.0
+
+
+def fault_barrier(stage: str) -> None:
+    """A test hook (tests/test_faults.py), a no-op unless $LEAKRAY_FAULT_BARRIER names a
+    directory: then each call of a stage writes ``ready-<stage>-<pid>`` there and waits until
+    ``release-<stage>`` exists (at most FAULT_BARRIER_TIMEOUT_S), so a fault test can kill the
+    stage's actor while it holds a batch, at a known point, and then let the run go on."""
+    where = os.environ.get(FAULT_BARRIER_ENV)
+    if not where:
+        return
+    barrier = Path(where)
+    release = barrier / f"release-{stage}"
+    if release.exists():
+        return
+    (barrier / f"ready-{stage}-{os.getpid()}").touch()
+    end = time.monotonic() + FAULT_BARRIER_TIMEOUT_S
+    while not release.exists():
+        if time.monotonic() > end:
+            LOG.warning("fault barrier: no %s after %.0f s; going on", release, FAULT_BARRIER_TIMEOUT_S)
+            return
+        time.sleep(0.1)
 
 
 @dataclass
@@ -87,6 +112,7 @@ class SampleStage:
             self.ref_sampler = make_sampler(self.extra.reference_model, SampleConfig(**{**sample, "backend": "hf"}))
 
     def __call__(self, batch: pa.Table) -> pa.Table:
+        fault_barrier("SampleStage")
         prompts, refs = _col(batch, C.PROMPT), _col(batch, C.REFERENCE)
         langs, keys = _col(batch, C.LANGUAGE), _col(batch, C.TASK_ID)
         adv = _col(batch, C.ADV_PROMPTS) if self.extra.advprompt and C.ADV_PROMPTS in batch.column_names else None
@@ -171,6 +197,7 @@ class ExecuteStage:
         self.threads = threads
 
     def __call__(self, batch: pa.Table) -> pa.Table:
+        fault_barrier("ExecuteStage")
         rows = batch.select([C.TASK_ID, C.LANGUAGE, C.PROMPT, C.COMPLETIONS, T.TESTS, T.RUNNER]).to_pylist()
         for row, notes in zip(rows, _col(batch, C.NOTES) if C.NOTES in batch.column_names else [[]] * len(rows)):
             row[C.NOTES] = notes
@@ -265,6 +292,7 @@ class EmbedStage:
                                               stride=stride, batch_size=batch_size)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
+        fault_barrier("EmbedStage")
         completions, refs = solutions(batch)
         k = len(completions[0])
         n = len(refs)
@@ -431,8 +459,6 @@ def collection_stats(table: pa.Table, seconds: float, errors_path: Path | None =
 def collect_to(table: pa.Table, model_path: str, cfg: CollectConfig, out_dir: Path) -> dict:
     """Collect ``table`` on Ray into ``out_dir/collection.parquet`` (failed rows to
     ``errors.parquet``); returns the stage's stats."""
-    import time
-
     t0 = time.perf_counter()
     coll = collect_on_ray(table, model_path, cfg, out_dir)
     stats = collection_stats(coll, time.perf_counter() - t0, out_dir / "errors.parquet")
