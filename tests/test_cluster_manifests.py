@@ -27,6 +27,13 @@ def _ray_schema() -> dict:
     return json.loads((Path(ray.__file__).parent / "autoscaler" / "ray-schema.json").read_text())
 
 
+def schema_errors(doc, schema: dict) -> list[str]:
+    """Every violation of ``schema`` in ``doc``, as "path: message" (empty: the document conforms)."""
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return [f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in cls(schema).iter_errors(doc)]
+
+
 @pytest.fixture(scope="module")
 def cluster():
     return yaml.safe_load((ROOT / "cluster.yaml").read_text())
@@ -35,8 +42,14 @@ def cluster():
 def test_cluster_yaml_passes_rays_schema_and_validator(cluster):
     from ray.autoscaler._private.util import prepare_config, validate_config
 
-    jsonschema.validate(cluster, _ray_schema())
-    validate_config(prepare_config(copy.deepcopy(cluster)))  # what `ray up` runs, defaults filled in
+    assert schema_errors(cluster, _ray_schema()) == []
+    prepared = prepare_config(copy.deepcopy(cluster))  # what `ray up` runs, defaults filled in
+    try:
+        validate_config(prepared)
+    except Exception as exc:  # ValueError or jsonschema's ValidationError, by Ray version
+        pytest.fail(f"ray's validate_config refuses cluster.yaml: {type(exc).__name__}: {exc}")
+    assert prepared["head_node_type"] == cluster["head_node_type"]
+    assert set(prepared["available_node_types"]) == set(cluster["available_node_types"])
 
 
 @pytest.mark.parametrize("breakage", [
@@ -201,10 +214,12 @@ def _rayjob_specs() -> list[tuple[str, dict]]:
 
 @pytest.mark.parametrize("name", sorted(ALL))
 def test_manifests_match_their_schemas(name):
+    assert ALL[name], f"deploy/{name} holds no documents"
     for doc in ALL[name]:
-        jsonschema.validate(doc, SCHEMAS[doc["kind"]])
+        assert doc.get("kind") in SCHEMAS, f"deploy/{name}: no schema for kind {doc.get('kind')!r}"
+        assert schema_errors(doc, SCHEMAS[doc["kind"]]) == [], (name, doc["kind"])
         if doc["kind"] == "ConfigMap" and "rayjob.yaml" in doc["data"]:  # the RayJob the CronJob creates
-            jsonschema.validate(yaml.safe_load(doc["data"]["rayjob.yaml"]), SCHEMAS["RayJob"])
+            assert schema_errors(yaml.safe_load(doc["data"]["rayjob.yaml"]), SCHEMAS["RayJob"]) == [], name
 
 
 @pytest.mark.parametrize("breakage", [

@@ -80,10 +80,15 @@ def test_evaluate_detectors_over_the_registry(ray_local, tmp_path):
     assert res["skipped"] == {"ref_calibrated": "column 'refmodel_token_logprobs' is empty (the sampling "
                                                 "backend could not fill it)"}
     assert set(res["median"]) == set(names) - {"ref_calibrated"}
+    assert set(res["costs"]) == set(res["median"])  # a cost per detector run, none for the skipped one
     for name in res["median"]:
         cost = res["costs"][name]
-        assert cost["wall_s"] > 0 and cost["py_peak_mb"] >= 0 and cost["maxrss_delta_mb"] >= 0
+        # traced (trace_memory defaults on): every detector allocates something while it fits and scores
+        assert cost["wall_s"] > 0 and cost["py_peak_mb"] > 0, (name, cost)
+        assert isinstance(cost["maxrss_delta_mb"], float), (name, cost)
         assert res["median"][name]["auc"] > 0.6, name
+    shared = lambda name: {k: v for k, v in res["costs"][name].items() if k != "trial_s"}  # noqa: E731
+    assert shared("nb") == shared("lr")  # one shared Tune run, one measurement
     assert res["costs"]["nb"]["shared_run"] == ["nb", "lr"] and res["costs"]["lr"]["trial_s"] > 0
     assert len(res["per_seed"]["min_k"]) == 1 and len(res["per_seed"]["lr"]) == 2
     assert res["thresholds"]["min_k"]["chosen_on"] == "shadow"
@@ -95,6 +100,33 @@ def test_evaluate_detectors_over_the_registry(ray_local, tmp_path):
     assert sorted(p.name for p in (tmp_path / "saved").iterdir())[:3] == ["cdd", "cgmia-seed0", "cgmia-seed1"]
     import json
     json.dumps(scores_to_dict(res))
+
+
+def test_memory_trace_is_per_detector_and_sees_what_it_allocates(monkeypatch):
+    """py_peak_mb is measured per detector: a detector that holds 8 MiB while fitting shows at
+    least that, the detector after it does not inherit the peak, and no tracing gives None."""
+    import numpy as np
+
+    from leakray.detect.min_k import MinK
+    from leakray.pipelines.detectors import evaluate_detectors
+
+    shadow, target = rich_collection(n=40, seed=1), rich_collection(n=40, seed=2, prefix="u")
+    fit = MinK.fit
+
+    def fat_fit(self, table, seed=0):
+        block = np.ones(2**20)  # 8 MiB, traced by tracemalloc (numpy reports its buffers)
+        out = fit(self, table, seed)
+        del block
+        return out
+
+    monkeypatch.setattr(MinK, "fit", fat_fit)
+    res = evaluate_detectors(shadow, target, seeds=[0], detectors=["min_k", "zlib"], bootstrap=0)
+    costs = res["costs"]
+    assert set(costs) == {"min_k", "zlib"}
+    assert costs["min_k"]["py_peak_mb"] >= 8.0, costs
+    assert 0 < costs["zlib"]["py_peak_mb"] < 8.0, costs  # its own peak, not min_k's
+    off = evaluate_detectors(shadow, target, seeds=[0], detectors=["min_k"], bootstrap=0, trace_memory=False)
+    assert off["costs"]["min_k"]["py_peak_mb"] is None and off["costs"]["min_k"]["wall_s"] > 0
 
 
 def test_expert_ablation_covers_all_sixteen_subsets():

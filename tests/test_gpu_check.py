@@ -1,5 +1,6 @@
-"""scripts/gpu_check.py: its CPU parts run here; its vLLM checks are exercised with the HF
-sampler standing in for vLLM (the true model passes, the wrong adapter fails)."""
+"""scripts/gpu_check.py: its CPU parts run on any host (a GPU, if present, hidden from them);
+its vLLM checks are exercised with the HF sampler standing in for vLLM (the true model
+passes, the wrong adapter fails), and run for real only where vLLM can run."""
 
 import importlib.util
 import os
@@ -17,8 +18,10 @@ VLLM_CHECKS = ["vllm_engine", "vllm_sample", "vllm_vs_hf_ppl", "vllm_adapter_app
                "vllm_seed_repro"]
 
 
-def _run(*args, timeout=300):
+def _run(*args, timeout=300, cpu=True):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    if cpu:  # the CPU path, also on a GPU host
+        env["CUDA_VISIBLE_DEVICES"] = ""
     proc = subprocess.run([sys.executable, str(SCRIPT), "--threads", "1", *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=ROOT)
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
@@ -52,7 +55,35 @@ def test_cpu_parts_pass_and_vllm_parts_skip(cpu_run):
     assert all(checks[n][0] == "PASS" for n in CPU_CHECKS), checks
     assert all(checks[n] == ("SKIP", "--cpu-only") for n in VLLM_CHECKS)
     assert (work / "adapter_A" / "adapter_config.json").exists() and (work / "merged_B" / "config.json").exists()
-    assert "no CUDA device" in (_module().vllm_ready() or "")  # what an auto-detected run here says
+
+
+def test_vllm_ready_says_why_not(monkeypatch):
+    """Each reason, whatever this host has: no CUDA device, no vllm, or ready."""
+    import types
+
+    import torch
+
+    gc = _module()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gc.vllm_ready() == "no CUDA device"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
+    assert gc.vllm_ready().startswith("vllm is not installed")
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    assert gc.vllm_ready() is None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_vllm_parts_pass_where_vllm_can_run(tmp_path):
+    why = _module().vllm_ready()
+    if why:
+        pytest.skip(f"the vLLM checks need a CUDA device and vllm here: {why}")
+    proc, checks = _run("--steps", "150", "--workdir", str(tmp_path), timeout=1100, cpu=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert [n.split("[")[0] for n in checks if not n.startswith("vllm")] == CPU_CHECKS
+    assert {n.split("[")[0] for n in checks if n.startswith("vllm")} == set(VLLM_CHECKS), checks
+    assert all(status == "PASS" for status, _ in checks.values()), checks
 
 
 @pytest.mark.parametrize("fails", ["build_base", "build_adapters"])

@@ -99,12 +99,38 @@ def test_a_failing_plot_costs_only_that_plot(monkeypatch, caplog):
     assert page.count("<svg") == 4  # ROC, PR, reliability, the extra line plot
 
 
+def _data_line(svg: str) -> str:
+    """The path of the first series line (drawn 1.4 wide; axes, grid and ticks are not)."""
+    return re.search(r'<path d="([^"]*)"[^>]*stroke-width: 1\.4', svg).group(1)
+
+
 def test_plots_are_svg_and_take_gaps():
-    svgs = [plots.line_plot([1, 10, 100], {"a": [0.5, None, 0.9]}, "dose", "AUC", logx=True),
-            plots.bar_plot(["a", "b"], [0.5, None], "AUC", intervals=[[0.4, 0.6], None]),
-            plots.histogram_plot({"clean": [0.2, 0.2], "confirmed": []}, "p"),
+    svgs = [plots.histogram_plot({"clean": [0.2, 0.2], "confirmed": []}, "p"),
             plots.reliability_plot([0.2, 0.8], [0.1, 0.9], [3, 4])]
     assert all(plots.is_svg(s) and "<?xml" not in s for s in svgs)
+    # a missing point breaks the line in two (a NaN drawn as a value would join it, or crash)
+    x = [1, 2, 3, 4, 5]
+    whole = _data_line(plots.line_plot(x, {"a": [0.1, 0.2, 0.3, 0.4, 0.5]}, "dose", "AUC", logx=True))
+    gapped = _data_line(plots.line_plot(x, {"a": [0.1, 0.2, None, 0.4, float("nan")]}, "dose", "AUC", logx=True))
+    assert (whole.count("M"), whole.count("L")) == (1, 4)
+    assert (gapped.count("M"), gapped.count("L")) == (2, 1)  # 0.1-0.2, then 0.4 alone
+    # a missing bar is an empty patch without an interval; the others are drawn
+    full = plots.bar_plot(["a", "b"], [0.5, 0.7], "AUC", intervals=[[0.4, 0.6], [0.6, 0.8]])
+    gap = plots.bar_plot(["a", "b"], [0.5, None], "AUC", intervals=[[0.4, 0.6], None])
+    assert [plots.is_svg(s) for s in (full, gap)] == [True, True]
+    assert len(re.findall(r'<path d="M 0 0 \s*z', gap)) == 1 and len(re.findall(r'<path d="M 0 0 \s*z', full)) == 0
+    assert full.count('id="LineCollection_') == 2 and gap.count('id="LineCollection_') == 1
+    # the same gaps in a page's table: a dash, and an empty sort key, never "None" or "nan"
+    page = rh.render_detectability({"doses": [1, 10, 100], "detectors": {
+        "a": {"family": "likelihood", "auc": [0.5, None, 0.9], "tpr_at_5fpr": [0.1, None, 0.6],
+              "smallest_dose_detected": 100},
+        "b": {"family": "learned", "auc": [float("nan"), None, None], "tpr_at_5fpr": [None] * 3,
+              "smallest_dose_detected": None}}})
+    rows = dict(re.findall(r"<tr><td>(\w+)</td>(.*?)</tr>", page))
+    dash = f'<td class="num" data-v="">{rh.DASH}</td>'
+    assert rows["a"].count(dash) == 1 and ">0.500<" in rows["a"] and ">0.900<" in rows["a"]
+    assert rows["b"].count(dash) == 3 and "not detected" in rows["b"]
+    assert "None" not in page and ">nan<" not in page.lower() and page.count("<svg") == 2
 
 
 def _sim_run(tmp_path: Path) -> Path:
