@@ -109,6 +109,9 @@ TinySection = _stage_section(TinyLMConfig, "TinySection", types={
                                                                            "pretrain_seconds": PositiveFloat})
 
 
+LOCAL_MODELS = ("tiny", "tiny-alt")  # built here: model.tiny and model.shadow_tiny
+
+
 class ModelConfig(Section):
     base: str = "tiny"  # "tiny": build + pretrain locally (cached); else an HF id or a local path
     tiny: TinySection = Field(default_factory=TinySection)
@@ -121,12 +124,12 @@ class ModelConfig(Section):
     @field_validator("base")
     @classmethod
     def _base(cls, v: str) -> str:
-        return v if v == "tiny" else check_model_ref(v, "model.base")
+        return v if v in LOCAL_MODELS else check_model_ref(v, "model.base")
 
     @field_validator("shadow_base")
     @classmethod
     def _shadow_base(cls, v: str | None) -> str | None:
-        return v if v in (None, "tiny", "tiny-alt") else check_model_ref(v, "model.shadow_base")
+        return v if v is None or v in LOCAL_MODELS else check_model_ref(v, "model.shadow_base")
 
 
 FinetuneSection = _stage_section(FinetuneConfig, "FinetuneSection", types={
@@ -346,12 +349,33 @@ class AuditSection(Section):
     shadow_seed: int = 12  # which half of the benchmark the shadow saw
     validation_share: float = Field(0.5, gt=0, lt=1)  # shadow tasks held out: calibration, curves, TPR/FPR
     calibration: Literal["isotonic", "platt"] = "isotonic"
-    fpr: float = Field(0.05, gt=0, lt=1)  # a sample is 'suspected' above the cut with this FPR on shadow rows
-    prevalence_method: Literal["acc", "em"] = "acc"
+    fpr: float = Field(0.05, gt=0, lt=1)  # each card detector's recorded cut: this FPR on shadow rows
     bootstrap: int = Field(1000, ge=0)  # resamples for the prevalence and inflation intervals
     detector: str | None = None  # the detector behind probabilities; None: best shadow-validation AUC usable
     card: str | None = None  # a detector card directory to reuse (no shadow fine-tuning)
     corpus: str | None = None  # a readable corpus (glob) to screen the benchmark against in the same run
+    # The reference model (calibrated attacks, the self-calibrated route). "auto": a local model that is
+    # not the target's base (tiny <-> tiny-alt) for a planted target or a local shadow base; else the
+    # shadow's base. Never default to the target's own pre-leak checkpoint: a real audit has none.
+    reference_model: str = "auto"
+    planted_base: str | None = None  # planted target's base: null = model.base (the shadow's); tiny-alt; HF id
+    rewrites: int = Field(16, ge=3)  # self-calibrated route: renamed rewrites of each reference solution
+    rewrite_seed: int = 0
+    fdr: float = Field(0.1, gt=0, lt=1)  # 'suspected' = q-value <= fdr (expected share of false leaks)
+    lam: float = Field(0.5, gt=0, lt=1)  # Storey's lambda: p-values above it are taken as nulls
+    # which estimate to print: auto = self-calibrated when its checks hold, else the card's when it
+    # transfers, else a statement; or force one route (still refused when its checks fail)
+    route: Literal["auto", "self-calibrated", "card"] = "auto"
+
+    @field_validator("reference_model")
+    @classmethod
+    def _reference_model(cls, v: str) -> str:
+        return v if v == "auto" or v in LOCAL_MODELS else check_model_ref(v, "audit.reference_model")
+
+    @field_validator("planted_base")
+    @classmethod
+    def _planted_base(cls, v: str | None) -> str | None:
+        return v if v is None or v in LOCAL_MODELS else check_model_ref(v, "audit.planted_base")
 
     @field_validator("card")
     @classmethod

@@ -183,6 +183,27 @@ class V:
     ALL = (SLOT, KIND, VARIANT, FORM, APPLICABLE, REASON, RENAME, DETAIL, SEED, CHECK, CHECK_DETAIL)
 
 
+class R:
+    """The self-calibrated audit route's scores: one row per task (`rewrite_scores.parquet`).
+    Log-likelihoods are sums over the continuation's tokens (the log-probability of the text), so
+    they compare across tokenizers; rewrites renamed the solution's locals (leakray.perturb.rewrite)."""
+
+    TASK_ID = T.TASK_ID
+    N_REWRITES = "n_rewrites"  # 0: not applicable (REASON says why)
+    REASON = "reason"
+    TARGET_ORIGINAL = "target_original"  # float: log p_target(original continuation | prompt)
+    TARGET_REWRITES = "target_rewrites"  # list<float>[n]: the same for each rewrite
+    REFERENCE_ORIGINAL = "reference_original"  # float: under the reference model
+    REFERENCE_REWRITES = "reference_rewrites"  # list<float>[n]
+
+
+def rewrite_scores_schema() -> pa.Schema:
+    f64 = pa.float64()
+    return pa.schema([(R.TASK_ID, pa.string()), (R.N_REWRITES, pa.int32()), (R.REASON, pa.string()),
+                      (R.TARGET_ORIGINAL, f64), (R.TARGET_REWRITES, pa.list_(f64)),
+                      (R.REFERENCE_ORIGINAL, f64), (R.REFERENCE_REWRITES, pa.list_(f64))])
+
+
 class S:
     """Scores a detector writes: one row per task."""
 

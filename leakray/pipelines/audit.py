@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from leakray.config import AuditConfig, to_stage
+from leakray.config import LOCAL_MODELS, AuditConfig, to_stage
 from leakray.console import Console, setup_logging
 from leakray.data.registry import DEFAULT_PATHS
 from leakray.detect.card import DetectorCard
@@ -24,7 +24,7 @@ from leakray.errors import BadInput
 from leakray.pipelines.simulate import base_model, collect_config, load_tasks, preflight_isolation, training_text
 from leakray.runs import StageRunner, StageSpec, content_hash, write_json_atomic
 from leakray.storage import RunStore, is_uri, local_copy
-from leakray.schema import C, S, T
+from leakray.schema import C, R, S, T
 
 CARD_STAGES = ("shadow", "collect_shadow", "card")
 
@@ -95,29 +95,47 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
 
             members = set(split()[members_key])
             texts = [training_text(t) for t in tasks if t[T.TASK_ID] in members]
+            base = runner.info["base"]["path"] if role == "shadow" else model_path(cfg, planted_base(cfg))
             if not texts:  # a planted fraction of 0: the target is the base itself
-                return {"rows_in": 0, "rows_out": 0, "model": runner.info["base"]["path"]}
-            stats = finetune_on_ray(runner.info["base"]["path"], texts, to_stage(getattr(cfg, role)), out / "model",
+                return {"rows_in": 0, "rows_out": 0, "model": base}
+            stats = finetune_on_ray(base, texts, to_stage(getattr(cfg, role)), out / "model",
                                     name=f"audit-{role}-{runner.run_dir.name}", storage=runner.run_dir / "ray_train",
                                     num_workers=cfg.ray.train_workers, use_gpu=cfg.ray.use_gpu)
             return {"rows_in": len(texts), "rows_out": len(texts), "model": str(out / "model"), **stats}
         return run
 
-    def collect(model, members):
+    def collect(model, members, reference: str):
         def run(out: Path) -> dict:
             table = with_members(col.input_table(tasks, {}, set()), members())
             from leakray.models.vllm_sampler import sampling_source
 
             base, path = runner.info["base"]["path"], model()
             ccfg = collect_config(cfg, base)
+            if cfg.columns.reference_model is not None:  # never the target's own pre-leak checkpoint by default
+                ccfg.extra.reference_model = model_path(cfg, reference)
             # the fine-tune stage (shadow, planted target) that made this model, if one did: vLLM
             # serves a LoRA fine-tune as base engine + its adapter (unless merge_adapters)
             made = next((runner.info[r] for r in ("shadow", "target")
                          if runner.info.get(r, {}).get("model") == path), {})
             path, ccfg.sample.lora_adapter = sampling_source(path, made, base, ccfg.sample)
             stats = col.collect_to(table, path, ccfg, out)
-            return {**stats, "isolation": isolation}
+            return {**stats, "isolation": isolation, "reference_model": reference}
         return run
+
+    def rewrite_stage(out: Path) -> dict:
+        from leakray.pipelines.rewrite_scores import rewrite_scores, write_rewrite_scores
+
+        ref = target_reference(cfg)
+        args = (tasks, target_model(), to_stage(cfg.sample), model_path(cfg, ref), a.rewrites, a.rewrite_seed)
+        if cfg.ray.use_gpu:  # the driver may have no GPU: one Ray task holds both models in turn
+            import ray
+
+            table = ray.get(ray.remote(num_gpus=1)(rewrite_scores).remote(*args))
+        else:
+            table = rewrite_scores(*args)
+        write_rewrite_scores(table, out)
+        tested = sum(1 for r in table.column(R.REASON).to_pylist() if not r)
+        return {"rows_in": len(tasks), "rows_out": tested, "reference_model": ref}
 
     def card_stage(out: Path) -> dict:
         from leakray.pipelines.card import build_card
@@ -154,7 +172,8 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
             StageSpec("shadow", finetune("shadow", "shadow_members"),
                       lambda i: f"fine-tuned on {i['rows_in']} tasks, final loss {i.get('final_loss')}"),
             StageSpec("collect_shadow", collect(lambda: runner.info["shadow"]["model"],
-                                                lambda: set(split()["shadow_members"])),
+                                                lambda: set(split()["shadow_members"]),
+                                                reference_for(cfg, cfg.model.base)),
                       lambda i: f"{i.get('rows_out')} tasks, {i.get('exec_status')}"),
             StageSpec("card", card_stage, lambda i: f"card {i['card_id']}: {len(i['detectors'])} detectors"),
         ]
@@ -163,11 +182,44 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
     if planted:
         stages.append(StageSpec("target", finetune("target", "planted_members"),
                                 lambda i: f"planted leak: fine-tuned on {i['rows_in']} tasks"))
-    stages.append(StageSpec("collect_target", collect(target_model, planted_members),
+    stages.append(StageSpec("collect_target", collect(target_model, planted_members, target_reference(cfg)),
                             lambda i: f"{i.get('rows_out')} tasks, {i.get('exec_status')}"))
+    stages.append(StageSpec("rewrite_scores", rewrite_stage,
+                            lambda i: f"{i['rows_out']} tasks scored against their rewrites "
+                                      f"(reference model {i['reference_model']})"))
     if a.corpus:
         stages.append(StageSpec("screen", screen_stage, lambda i: f"{i['rows_out']} samples with a near-duplicate"))
     return stages
+
+
+def reference_for(cfg: AuditConfig, base: str) -> str:
+    """The reference model for a model built on ``base``: audit.reference_model, or with "auto" a
+    local model that is not ``base`` (tiny <-> tiny-alt), else the shadow's base."""
+    ref = cfg.audit.reference_model
+    if ref != "auto":
+        return ref
+    if base in LOCAL_MODELS:
+        return LOCAL_MODELS[1 - LOCAL_MODELS.index(base)]
+    return cfg.model.base if cfg.model.base != base else LOCAL_MODELS[0]
+
+
+def planted_base(cfg: AuditConfig) -> str:
+    return cfg.audit.planted_base or cfg.model.base
+
+
+def target_reference(cfg: AuditConfig) -> str:
+    """The target's reference model: for a planted target one that is not its base; for a given
+    target, chosen from the shadow's base (the audit cannot know the target's checkpoints)."""
+    return reference_for(cfg, planted_base(cfg) if cfg.audit.target == "planted" else cfg.model.base)
+
+
+def model_path(cfg: AuditConfig, name: str) -> str:
+    """A local model name (tiny, tiny-alt: built and cached here), an HF id or a path."""
+    if name not in LOCAL_MODELS:
+        return name
+    from leakray.models.offline import ensure_base_model
+
+    return str(ensure_base_model(to_stage(cfg.model.tiny if name == "tiny" else cfg.model.shadow_tiny))[0])
 
 
 def card_meta(cfg: AuditConfig, tasks: list[dict], base_path: str) -> dict:
@@ -188,7 +240,8 @@ def collection_settings(cfg: AuditConfig) -> dict:
     otherwise sees other feature distributions."""
     s = cfg.sample
     return {"k": s.k, "temperature": s.temperature, "top_p": s.top_p, "max_new_tokens": s.max_new_tokens,
-            "embed": cfg.embed.model_dump(), "reference_model": cfg.columns.reference_model,
+            "embed": cfg.embed.model_dump(),
+            "reference_model": None if cfg.columns.reference_model is None else cfg.audit.reference_model,
             "upper_case": cfg.columns.upper_case}
 
 
@@ -210,7 +263,8 @@ def run_audit(cfg: AuditConfig, console: Console | None = None, card_only: bool 
         if card_dir:
             raise BadInput("card build makes a card; it cannot reuse one", field="audit.card")
         hashed = cfg.model_dump(include={"benchmark", "model", "shadow", "sample", "columns", "embed", "detect"})
-        hashed["audit"] = cfg.audit.model_dump(include={"shadow_seed", "validation_share", "calibration", "fpr"})
+        hashed["audit"] = cfg.audit.model_dump(include={"shadow_seed", "validation_share", "calibration", "fpr",
+                                                        "reference_model"})
         store = RunStore(cfg.output_dir, f"card-{cfg.benchmark.name}-{content_hash(hashed, digest)}")
     else:
         key = content_hash(cfg.hashed(), digest, card_id)
@@ -236,9 +290,12 @@ def run_audit(cfg: AuditConfig, console: Console | None = None, card_only: bool 
     report = write_audit_report(run_dir, cfg, tasks, card, isolation,
                                 {"total_this_invocation": round(time.perf_counter() - t_start, 1)})
     store.close()
-    p = report["summary"]["prevalence"]
-    console.say(f"leaked fraction {p['estimate']:.1%} (95% CI {_pct(p['ci'][0])}–{_pct(p['ci'][1])}, {p['method']}"
-                f" with {report['summary']['primary_detector']}); verdicts {report['summary']['verdicts']}")
+    lf = report["summary"]["leaked_fraction"]
+    if lf["estimate"] is None:
+        console.warn(lf["statement"])
+    else:
+        console.say(f"leaked fraction {lf['estimate']:.1%} (95% CI {_pct(lf['ci'][0])}–{_pct(lf['ci'][1])}, "
+                    f"{lf['route']} route); verdicts {report['summary']['verdicts']}")
     console.say(f"report: {store.location}/report.html")
     return run_dir
 

@@ -8,15 +8,18 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from leakray.detect.card import DETECTORS_DIR, DetectorCard, write_card
 from leakray.evaluate.calibration import calibration_report, fit_calibrator
 from leakray.evaluate.thresholds import choose_threshold
-from leakray.schema import S
+from leakray.schema import C, S
+
+SHADOW_TASKS = "shadow_tasks.parquet"
 
 
 def build_card(shadow: pa.Table, cfg, out: Path, *, storage: Path, meta: dict) -> DetectorCard:
-    from leakray.pipelines.audit import stratified_half
+    from leakray.pipelines.audit import pass_at_1, stratified_half
     from leakray.pipelines.detectors import evaluate_detectors
     from leakray.pipelines.simulate import learned_detectors
 
@@ -36,5 +39,9 @@ def build_card(shadow: pa.Table, cfg, out: Path, *, storage: Path, meta: dict) -
         quality[name] = calibration_report(y, s, a.calibration, seed=a.shadow_seed)
         th = choose_threshold(y, s, f"shadow_fpr:{a.fpr}", chosen_on="shadow validation rows")
         cuts[name] = {"cut": th.value, "fpr": th.fpr, "tpr": th.tpr, "target_fpr": a.fpr}
+    # a leak-free model's pass@1 per task (the shadow on the tasks it never saw): the inflation's null
+    pq.write_table(pa.table({S.TASK_ID: shadow.column(C.TASK_ID), S.MEMBER: shadow.column(C.MEMBER),
+                             "pass1": pa.array(pass_at_1(shadow))}), out / SHADOW_TASKS)
+    meta = {**meta, "fit_task_ids": sorted(fit.column(C.TASK_ID).to_pylist())}
     return write_card(out, result=result, val_table=val, calibration=calibration, calibration_quality=quality,
                       suspect_cuts=cuts, meta=meta)

@@ -44,7 +44,8 @@ def run(args) -> int:
 
 # smoke-sized audit (tests and first looks): enough tasks for a shadow half and its validation half
 AUDIT_QUICK = [
-    "benchmark.limit=32", "model.tiny.max_steps=30", "target.epochs=3", "shadow.epochs=3",
+    "benchmark.limit=32", "model.tiny.max_steps=30", "model.shadow_tiny.max_steps=30", "target.epochs=3",
+    "shadow.epochs=3",
     "sample.k=2", "sample.max_new_tokens=48", "detect.cgmia.epochs=5", "audit.bootstrap=200",
 ]
 
@@ -59,6 +60,10 @@ def audit_overrides(args) -> list[str]:
         out += [f"benchmark.name={name}", f"benchmark.path={path or 'null'}"]
     if args.shadow_base:
         out.append(f"model.base={args.shadow_base}")
+    if getattr(args, "planted_base", None):
+        out.append(f"audit.planted_base={args.planted_base}")
+    if getattr(args, "reference_model", None):
+        out.append(f"audit.reference_model={args.reference_model}")
     if getattr(args, "card", None):
         out.append(f"audit.card={args.card}")
     if getattr(args, "corpus", None):
@@ -90,6 +95,9 @@ def register(sub) -> None:
                                     "(with --set sample.backend=openai); default: planted")
     p.add_argument("--benchmark", metavar="NAME[=PATH]", help="benchmark reader and file (default: humaneval)")
     p.add_argument("--shadow-base", help="base model of the shadow (default: the local tiny model)")
+    p.add_argument("--planted-base", help="base of the planted target when it differs from the shadow's "
+                                          "(tiny, tiny-alt, an HF id or path)")
+    p.add_argument("--reference-model", help="reference model, not the target's own checkpoint (default: auto)")
     p.add_argument("--card", help="reuse a detector card (leakray card build): no shadow fine-tuning")
     p.add_argument("--corpus", help="screen the benchmark against this corpus (glob) and fuse the evidence")
     p.add_argument("--quick", action="store_true", help="smoke-sized audit: " + " ".join(AUDIT_QUICK))

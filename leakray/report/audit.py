@@ -14,8 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from leakray.detect.card import DetectorCard
+from leakray.evaluate import selfcal
+from leakray.evaluate.audit_routes import card_estimate, decide, flags_of
 from leakray.evaluate.inflation import inflation
-from leakray.evaluate.prevalence import estimate_prevalence
 from leakray.runs import MARKER, write_json_atomic
 from leakray.schema import C, P, T
 
@@ -88,7 +89,11 @@ def truth_check(member: np.ndarray, scores: dict[str, np.ndarray]) -> dict | Non
 
     if (member < 0).any() or len(np.unique(member)) < 2:
         return None
-    return {n: round(float(roc_auc_score(member, s)), 4) for n, s in scores.items()}
+    out = {}
+    for n, s in scores.items():
+        ok = np.isfinite(s)  # a cross-fitted detector scored only held-out tasks
+        out[n] = round(float(roc_auc_score(member[ok], s[ok])), 4) if len(np.unique(member[ok])) == 2 else None
+    return out
 
 
 def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard, isolation: str,
@@ -100,31 +105,37 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
     task_ids = target.column(C.TASK_ID).to_pylist()
     member = target.column(C.MEMBER).to_numpy().astype(np.int64)
     scores, skipped = card.score(target)
+    crossfit = crossfit_scores(card, task_ids, scores)
     primary = choose_primary(card, list(scores), a.detector)
     cal = card.calibrator(primary)
     score = scores[primary]
-    prob = cal.predict(score)
-    cut = card.meta["detectors"][primary]["suspect_cut"]
+    prob = cal.predict(np.nan_to_num(score, nan=-np.inf))
     evidence = screening_evidence(run_dir, cfg.benchmark.name)
     confirmed = np.array([t in evidence for t in task_ids])  # every pair reported cleared the screener's bar
-    suspected = (score >= cut["cut"]) & ~confirmed
-    verdict = np.where(confirmed, "confirmed", np.where(suspected, "suspected", "clean"))
 
     val_y, val_s = card.val_scores(primary)
-    prevalence = estimate_prevalence(score, val_y, val_s, cal.predict, method=a.prevalence_method,
-                                     n_boot=a.bootstrap, seed=a.shadow_seed)
+    card_result = card_estimate(score, val_y, val_s, prob, float(val_y.mean()), fdr=a.fdr, seed=a.shadow_seed,
+                                n_boot=min(a.bootstrap, 200))
+    selfcal_result = self_calibrated(run_dir, task_ids, a)
+    decision = decide(selfcal_result, card_result, a.route)
+    suspected = flags_of(decision, selfcal_result, card_result, len(task_ids)) & ~confirmed
+    verdict = np.where(confirmed, "confirmed", np.where(suspected, "suspected", "clean"))
     if (member >= 0).all():
-        prevalence["truth"] = float(member.mean())
+        decision["truth"] = float(member.mean())
     if confirmed.any():  # near-duplicates are leaks whatever the detector says: a floor for the estimate
-        prevalence["confirmed_share"] = float(confirmed.mean())
+        decision["confirmed_share"] = float(confirmed.mean())
     pass1 = pass_at_1(target)
     infl = inflation(pass1, verdict != "clean", n_boot=a.bootstrap, seed=a.shadow_seed)
+    infl["null"] = inflation_null(card, task_ids, verdict != "clean", infl, a)
+    p_task = _per_task(selfcal_result, len(task_ids), "p")
+    q_task = _per_task(selfcal_result, len(task_ids), "q")
     closest, similarity = closest_completion(target)
 
     by_id = {t[T.TASK_ID]: t for t in tasks}
     samples = [{
         "task_id": t, "prompt": by_id[t][T.PROMPT], "reference": by_id[t][T.REFERENCE], "closest": closest[i],
-        "closest_similarity": similarity[i], "probability": float(prob[i]), "score": float(score[i]),
+        "closest_similarity": similarity[i], "probability": _num(card_result["posterior"][i]),
+        "score": _num(score[i]), "p_value": _num(p_task[i]), "q_value": _num(q_task[i]),
         "verdict": str(verdict[i]), "passed": None if np.isnan(pass1[i]) else float(pass1[i]),
         "evidence": _evidence_text(evidence.get(t)), "member": None if member[i] < 0 else int(member[i]),
         "jaccard": (evidence.get(t) or {}).get("jaccard"), "containment": (evidence.get(t) or {}).get("containment"),
@@ -140,10 +151,13 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
         "summary": {
             "benchmark": cfg.benchmark.name, "n_tasks": len(task_ids), "target": a.target,
             "card": card.id, "card_path": str(card.path), "primary_detector": primary,
-            "prevalence": prevalence, "inflation": infl,
+            "leaked_fraction": decision, "inflation": infl,
+            "self_calibrated": _public(selfcal_result), "card_route": _public(card_result),
+            "crossfit": crossfit, "suspected_means": f"q-value <= {a.fdr} (expected share of false leaks among the "
+                                                    "suspected samples), from the route that gave the number",
             "verdicts": {v: int((verdict == v).sum()) for v in VERDICTS},
-            "threshold": {"fpr": a.fpr, "score": cut["cut"], "probability": float(cal.predict([cut["cut"]])[0]),
-                          "shadow_tpr": cut["tpr"], "shadow_fpr": cut["fpr"]},
+            "reference_model": _stage_info(run_dir, "rewrite_scores").get("reference_model"),
+            "shadow_vs_target": shadow_vs_target(card, cfg),
         },
         "detectors": {n: {**{k: dmeta[n]["validation"].get(k) for k in ("auc", "auc_ci", "tpr_at_1fpr", "tpr_at_5fpr",
                                                                          "mcc", "n_pos", "n_neg")},
@@ -169,6 +183,92 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
     except Exception as exc:  # the numbers are written; a plotting problem must not lose them
         log.warning("report.html not written: %s", exc)
     return report
+
+
+def crossfit_scores(card: DetectorCard, task_ids: list[str], scores: dict[str, np.ndarray]) -> dict:
+    """No target task is scored by a detector trained on it: a learned detector's scores on the
+    card's fit-half tasks become NaN (left out of its estimate). Returns what was left out."""
+    fit = set(card.meta.get("fit_task_ids") or [])
+    if not fit and card.meta.get("benchmark", {}).get("n_tasks") == len(task_ids):  # cards before fit_task_ids
+        fit = set(task_ids) - set(card.meta.get("val_task_ids", []))
+    mask = np.array([t in fit for t in task_ids])
+    out = {}
+    for name in scores:
+        if card.meta["detectors"][name]["spec"].get("learns") and mask.any():
+            scores[name] = np.where(mask, np.nan, scores[name])
+            out[name] = int(mask.sum())
+    return {"left_out_tasks": int(mask.sum()), "detectors": sorted(out),
+            "why": "learned detectors score only the tasks the card held out from their training"}
+
+
+def self_calibrated(run_dir: Path, task_ids: list[str], a) -> dict | None:
+    path = run_dir / "rewrite_scores" / "rewrite_scores.parquet"
+    if not path.exists():
+        return None
+    table = pq.read_table(path).to_pylist()
+    by_id = {r["task_id"]: r for r in table}
+    rows = [by_id[t] for t in task_ids if t in by_id]
+    result = selfcal.estimate(rows, lam=a.lam, fdr=a.fdr, n_boot=a.bootstrap, seed=a.shadow_seed)
+    pos = {t: i for i, t in enumerate(task_ids)}
+    full = {}
+    for key in ("p", "q", "t"):
+        v = np.full(len(task_ids), np.nan)
+        for t, x in zip(result["per_task"]["task_id"], result["per_task"][key]):
+            v[pos[t]] = x
+        full[key] = v
+    flagged = np.zeros(len(task_ids), bool)
+    for t, f in zip(result["per_task"]["task_id"], result["per_task"]["flagged"]):
+        flagged[pos[t]] = bool(f)
+    result["per_task"] = {**full, "flagged": flagged}
+    return result
+
+
+def inflation_null(card: DetectorCard, task_ids: list[str], flagged: np.ndarray, observed: dict, a) -> dict:
+    """The same flagged/clean pass@1 split on a model that saw none of those tasks (the card's shadow,
+    on its non-member tasks): flags follow task difficulty too, so this is the difference a leak-free
+    model shows; the excess over it is what the leak adds."""
+    path = card.path / "shadow_tasks.parquet"
+    if not path.exists():
+        return {"why": "the card holds no shadow pass@1 (built before this version)"}
+    shadow = {r["task_id"]: r for r in pq.read_table(path).to_pylist()}
+    keep = [i for i, t in enumerate(task_ids) if t in shadow and shadow[t]["member"] == 0]
+    p = np.array([shadow[task_ids[i]]["pass1"] for i in keep], dtype=np.float64)
+    null = inflation(p, flagged[keep], n_boot=a.bootstrap, seed=a.shadow_seed)
+    out = {"n_tasks": len(keep), "difference": null["difference"], "difference_ci": null["difference_ci"]}
+    if null["difference"] is not None and observed.get("difference") is not None:
+        out["excess_difference"] = observed["difference"] - null["difference"]
+    else:
+        out["why"] = null.get("why", "no difference observed")
+    return out
+
+
+def shadow_vs_target(card: DetectorCard, cfg) -> dict:
+    shadow = card.meta.get("shadow", {}).get("base")
+    target = (cfg.audit.planted_base or cfg.model.base) if cfg.audit.target == "planted" else cfg.audit.target
+    return {"shadow_base": shadow, "target": target, "differ": shadow != target,
+            "note": None if shadow == target else
+            f"the card's shadow was built on {shadow}, not on the target: the card route holds only if its "
+            "transfer check passes; the self-calibrated route does not depend on the shadow"}
+
+
+def _per_task(result: dict | None, n: int, key: str) -> np.ndarray:
+    return np.full(n, np.nan) if result is None else result["per_task"][key]
+
+
+def _num(v) -> float | None:
+    return None if v is None or not np.isfinite(v) else float(v)
+
+
+def _public(result: dict | None) -> dict | None:
+    """A route's result without its per-task arrays (those are in samples.parquet)."""
+    if result is None:
+        return None
+    return {k: v for k, v in result.items() if k not in ("per_task", "posterior", "flagged")}
+
+
+def _stage_info(run_dir: Path, name: str) -> dict:
+    p = run_dir / name / MARKER
+    return json.loads(p.read_text()) if p.exists() else {}
 
 
 def _evidence_text(e: dict | None) -> str:
@@ -210,20 +310,39 @@ def _f(v, pct: bool = False) -> str:
 
 def render_markdown(r: dict) -> str:
     s = r["summary"]
-    p, i, v = s["prevalence"], s["inflation"], s["verdicts"]
+    lf, i, v = s["leaked_fraction"], s["inflation"], s["verdicts"]
+    sc, cr = s.get("self_calibrated") or {}, s.get("card_route") or {}
+    if lf["estimate"] is None:
+        head = f"**Leaked fraction: not estimated.** {lf['statement']}"
+    else:
+        head = (f"**Estimated leaked fraction: {_f(lf['estimate'], True)}** (95% CI {_f(lf['ci'][0], True)}–"
+                f"{_f(lf['ci'][1], True)}; {lf['route']} route)"
+                + (f"; planted truth {_f(lf['truth'], True)}" if lf.get("truth") is not None else ""))
+    null = i.get("null") or {}
     lines = [
-        f"# {r['title']}", "",
-        f"**Estimated leaked fraction: {_f(p['estimate'], True)}** (95% CI {_f(p['ci'][0], True)}–"
-        f"{_f(p['ci'][1], True)}; {p['method']} on {s['primary_detector']}, TPR {p['tpr']:.2f} / FPR {p['fpr']:.2f} "
-        f"on held-out shadow rows; raw flagged share {_f(p['classify_and_count'], True)})"
-        + (f"; planted truth {_f(p['truth'], True)}" if p.get("truth") is not None else ""), "",
+        f"# {r['title']}", "", head, "",
+        f"- self-calibrated route (original solution vs {sc.get('n_tested', 0)} tasks' renamed rewrites, relative to "
+        f"the reference model {s.get('reference_model')}): "
+        + (f"{_f(sc.get('estimate'), True)} ({_f((sc.get('ci') or [None])[0], True)}–"
+           f"{_f((sc.get('ci') or [None, None])[1], True)}); null check KS p "
+           f"{_f((sc.get('null_check') or {}).get('ks_p'))}" if sc else "not run")
+        + ("" if not sc or sc.get("usable") else f" — not used: {sc.get('why_unusable')}"),
+        f"- card route ({s['primary_detector']}, rates off the rows that chose its cut): "
+        + (f"{_f(cr.get('estimate'), True)} ({_f(cr['ci'][0], True)}–{_f(cr['ci'][1], True)})"
+           if cr.get("estimate") is not None else "–")
+        + ("" if cr.get("usable") else f" — not used: {cr.get('why_unusable')}"),
+        f"- cross-fitting: {', '.join(s['crossfit']['detectors']) or 'no learned detector'} scored only the "
+        f"{s['n_tasks'] - s['crossfit']['left_out_tasks']} tasks the card held out from their training"
+        + (f"; {s['shadow_vs_target']['note']}" if s['shadow_vs_target'].get("note") else ""), "",
         f"Verdicts over {s['n_tasks']} samples: {v['confirmed']} confirmed (near-duplicate in the corpus), "
-        f"{v['suspected']} suspected (score over the cut with FPR {s['threshold']['fpr']:.0%} on shadow data), "
-        f"{v['clean']} clean.", "",
+        f"{v['suspected']} suspected ({s['suspected_means']}), {v['clean']} clean.", "",
         f"pass@1: flagged {_f(i['pass1_flagged'])}, clean {_f(i['pass1_clean'])}, ratio {_f(i['ratio'])}"
         + (f" (95% CI {_f(i['ratio_ci'][0])}–{_f(i['ratio_ci'][1])})" if i.get("ratio_ci") else "")
         + (f" — {i['why']}" if i.get("why") else "")
-        + f". Score on all samples {_f(i['score_all'])}, on clean samples only {_f(i['score_clean'])}.", "",
+        + f". Score on all samples {_f(i['score_all'])}, on clean samples only {_f(i['score_clean'])}."
+        + (f" A leak-free model (the card's shadow on tasks it never saw) shows a flagged − clean difference of "
+           f"{_f(null['difference'])}; the excess is {_f(null.get('excess_difference'))}."
+           if null.get("difference") is not None else ""), "",
         f"Detector card {s['card']}; calibration {r['calibration']['method']} (Brier {r['calibration']['brier']:.3f} "
         f"vs {r['calibration']['brier_uncalibrated']:.3f} for the base rate). Cleaned benchmark: "
         f"{r['cleaned'].get('path') or r['cleaned'].get('error')} ({r['cleaned']['removed']} removed).", "",

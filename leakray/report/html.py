@@ -227,8 +227,8 @@ def diff_html(reference: str, completion: str) -> str:
 
 # ---------------------------------------------------------------- audit
 
-SAMPLE_COLUMNS = (("task", "text"), ("verdict", "text"), ("probability", "num"), ("score", "num"),
-                  ("passed", "num"), ("closest similarity", "num"), ("member", "num"))
+SAMPLE_COLUMNS = (("task", "text"), ("verdict", "text"), ("q-value", "num"), ("p-value", "num"), ("probability", "num"),
+                  ("score", "num"), ("passed", "num"), ("closest similarity", "num"), ("member", "num"))
 
 
 def _text(sample: dict, field: str, row: int) -> str | None:
@@ -244,7 +244,7 @@ def _check_sample(s, row: int) -> None:
     verdict = s.get("verdict")
     if verdict is not None and verdict not in VERDICTS:
         raise BadInput(f"verdict {verdict!r} is not one of {', '.join(VERDICTS)}", row=row, field="verdict")
-    for field in ("probability", "score", "passed", "closest_similarity", "member"):
+    for field in ("q_value", "p_value", "probability", "score", "passed", "closest_similarity", "member"):
         v = s.get(field)
         if v is not None and _num(v) is None and not (isinstance(v, float) and math.isnan(v)):
             raise BadInput(f"expected a number or null, got {v!r}", row=row, field=field)
@@ -254,7 +254,8 @@ def _sample_body(s: Mapping, row: int) -> str:
     verdict = s.get("verdict")
     badge = f'<span class="verdict v-{verdict}">{verdict}</span>' if verdict else DASH
     main = (f'<tr class="sample"><td data-v="{escape(str(s.get("task_id") or ""))}">{fmt(s.get("task_id"))}</td>'
-            f'<td data-v="{verdict or ""}">{badge}</td>' + _cell(s.get("probability")) + _cell(s.get("score"))
+            f'<td data-v="{verdict or ""}">{badge}</td>' + _cell(s.get("q_value")) + _cell(s.get("p_value"))
+            + _cell(s.get("probability")) + _cell(s.get("score"))
             + _cell(s.get("passed"), 2) + _cell(s.get("closest_similarity")) + _cell(s.get("member"), 0) + "</tr>")
     ref, closest = _text(s, "reference", row), _text(s, "closest", row)
     prompt, evidence = _text(s, "prompt", row), _text(s, "evidence", row)
@@ -273,27 +274,37 @@ def _sample_body(s: Mapping, row: int) -> str:
 
 
 def _summary_cards(summary: Mapping) -> str:
-    prev, infl = summary.get("prevalence") or {}, summary.get("inflation") or {}
-    verdicts, th = summary.get("verdicts") or {}, summary.get("threshold") or {}
+    lf, infl = summary.get("leaked_fraction") or {}, summary.get("inflation") or {}
+    sc, cr = summary.get("self_calibrated") or {}, summary.get("card_route") or {}
+    verdicts = summary.get("verdicts") or {}
     ratio = _num(infl.get("ratio"))
+    null = infl.get("null") or {}
+    if _num(lf.get("estimate")) is None:
+        headline = _card("estimated leaked fraction", "not estimated", escape(str(lf.get("statement") or DASH)))
+    else:
+        headline = _card("estimated leaked fraction", pct(lf.get("estimate")),
+                         " · ".join(x for x in (_interval(lf.get("ci"), pct), f"route: {fmt(lf.get('route'))}") if x)
+                         + (f" · truth {pct(lf.get('truth'))}" if _num(lf.get("truth")) is not None else "")
+                         + (f" · confirmed share {pct(lf.get('confirmed_share'))}"
+                            if _num(lf.get("confirmed_share")) is not None else ""))
+    routes = _card("the two routes", f"{pct(sc.get('estimate'))} / {pct(cr.get('estimate'))}",
+                   "self-calibrated (original vs rewrites; " + (
+                       f"null check KS p {fmt((sc.get('null_check') or {}).get('ks_p'))}" if sc else "not run")
+                   + f") / card ({'transfers' if (cr.get('transfer') or {}).get('ok') else 'does not transfer'})"
+                   + "".join(f"<br>{escape(r)}: {escape(str(x.get('why_unusable')))}"
+                             for r, x in (("self-calibrated", sc), ("card", cr)) if x and not x.get("usable")))
     cards = [
-        _card("estimated leaked fraction", pct(prev.get("estimate")),
-              " · ".join(x for x in (_interval(prev.get("ci"), pct), fmt(prev.get("method"))) if x)
-              + f"<br>classify-and-count {pct(prev.get('classify_and_count'))} · EM {pct(prev.get('em'))}"
-              + (f" · truth {pct(prev.get('truth'))}" if _num(prev.get("truth")) is not None else "")
-              + (f" · confirmed share {pct(prev.get('confirmed_share'))}"
-                 if _num(prev.get("confirmed_share")) is not None else "")),
+        headline, routes,
         _card("score inflation (flagged / clean pass@1)", DASH if ratio is None else f"{ratio:.2f}×",
               " ".join(x for x in (_interval(infl.get("ratio_ci"), lambda v: f"{v:.2f}×"),) if x)
               + f"<br>pass@1 flagged {fmt(infl.get('pass1_flagged'))} (n={fmt(infl.get('n_flagged'))}) · "
-                f"clean {fmt(infl.get('pass1_clean'))} (n={fmt(infl.get('n_clean'))})"),
+                f"clean {fmt(infl.get('pass1_clean'))} (n={fmt(infl.get('n_clean'))})"
+              + (f"<br>a leak-free model's difference {fmt(null.get('difference'))}; excess "
+                 f"{fmt(null.get('excess_difference'))}" if null.get("difference") is not None else "")),
         _card("benchmark score on clean samples", fmt(infl.get("score_clean")),
               f"all samples {fmt(infl.get('score_all'))}"),
-        _card("verdicts", " / ".join(fmt(verdicts.get(v)) for v in VERDICTS), "confirmed / suspected / clean"),
-        _card("decision threshold", fmt(th.get("probability")),
-              f"probability; score {fmt(th.get('score'))}, chosen for FPR {pct(th.get('fpr'))} on shadow data"
-              + (f" (there: TPR {pct(th.get('shadow_tpr'))}, FPR {pct(th.get('shadow_fpr'))})"
-                 if _num(th.get("shadow_tpr")) is not None else "")),
+        _card("verdicts", " / ".join(fmt(verdicts.get(v)) for v in VERDICTS), "confirmed / suspected / clean<br>"
+              + escape(str(summary.get("suspected_means") or ""))),
     ]
     return '<div class="cards">' + "".join(cards) + "</div>"
 

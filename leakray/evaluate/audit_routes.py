@@ -1,0 +1,82 @@
+"""Which number an audit prints, and the verdicts that go with it: one story per audit.
+
+Two routes estimate the leaked fraction:
+- **self-calibrated** (`selfcal`): the target's preference for each original solution over renamed
+  rewrites of it, relative to a reference model; its null comes from the target itself, so it needs
+  no shadow that resembles the target. Needs the target's log-probabilities of given text.
+- **card** (`card_route`): a shadow-trained detector's scores with the card's cut and error rates.
+  Holds only where the target's scores are on the shadow's scale (checked by `transfer_check`).
+
+`auto` prints the self-calibrated estimate when its null check holds; else the card's when the
+card transfers; else no number, with the reasons. The verdicts come from the route that printed
+the number: 'suspected' is controlled by a false-discovery rate across the benchmark, so a
+benchmark estimated at 0% leaked flags (almost) nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from leakray.evaluate import card_route, selfcal
+
+
+def card_estimate(target_score, val_y, val_s, prob, train_prior: float, *, fdr: float, seed: int = 0,
+                  n_boot: int = 200) -> dict:
+    """The card route on the target's scores (NaN = not scored: a learned detector's own training
+    tasks are left out, so no target task is scored by a detector trained on it)."""
+    t = np.asarray(target_score, np.float64)
+    ok = np.isfinite(t)
+    out = {"route": "card", "n_scored": int(ok.sum()), "n_tasks": int(len(t))}
+    if ok.sum() < 20:
+        return {**out, "usable": False, "estimate": None, "ci": [None, None],
+                "why_unusable": f"only {int(ok.sum())} target tasks could be scored by the card's detector",
+                "flagged": np.zeros(len(t), bool), "posterior": np.full(len(t), np.nan)}
+    rates = card_route.crossfit_rates(val_y, val_s, seed)
+    k = int((t[ok] >= rates["cut"]).sum())
+    est, lo, hi = card_route.adjusted_interval(k, int(ok.sum()), rates)
+    check = card_route.transfer_check(t[ok], val_y, val_s, n_boot=n_boot, seed=seed)
+    separates = rates["tpr_ci"][0] - rates["fpr_ci"][1] > 0.05
+    out.update(estimate=est, ci=[lo, hi], rates={k_: v for k_, v in rates.items() if k_ != "cut"},
+               cut=rates["cut"], flagged_share=k / ok.sum(), transfer=check)
+    why = []
+    if not separates:
+        why.append("the detector does not separate the card's held-out members from non-members with certainty "
+                   f"(TPR {rates['tpr']:.2f} [{rates['tpr_ci'][0]:.2f}, {rates['tpr_ci'][1]:.2f}] vs FPR "
+                   f"{rates['fpr']:.2f} [{rates['fpr_ci'][0]:.2f}, {rates['fpr_ci'][1]:.2f}] off the rows that chose the cut)")
+    if not check["ok"]:
+        why.append(check["why"])
+    post = np.full(len(t), np.nan)
+    flags = np.zeros(len(t), bool)
+    post[ok], flags[ok] = card_route.posterior_flags(np.asarray(prob)[ok], train_prior, est, fdr)
+    out.update(usable=not why, posterior=post, flagged=flags, **({"why_unusable": "; ".join(why)} if why else {}))
+    return out
+
+
+def decide(selfcal_result: dict | None, card_result: dict | None, route: str = "auto") -> dict:
+    """The leaked fraction the audit prints (or the statement that it cannot), and which route's
+    verdicts the per-sample table uses."""
+    options = {"self-calibrated": selfcal_result, "card": card_result}
+    order = ["self-calibrated", "card"] if route == "auto" else [route]
+    reasons = []
+    for name in order:
+        r = options[name]
+        if r is None:
+            reasons.append(f"{name}: not run")
+            continue
+        if r.get("usable"):
+            return {"route": name, "estimate": r["estimate"], "ci": r["ci"], "statement": None}
+        reasons.append(f"{name}: {r.get('why_unusable')}")
+    return {"route": None, "estimate": None, "ci": [None, None],
+            "statement": "the audit cannot estimate the leaked fraction for this target — " + " | ".join(reasons)}
+
+
+def flags_of(decision: dict, selfcal_result: dict | None, card_result: dict | None, n: int) -> np.ndarray:
+    """Per task: suspected by the route that gave the number; none when no number was given."""
+    if decision["route"] == "self-calibrated":
+        return np.asarray(selfcal_result["per_task"]["flagged"], bool)
+    if decision["route"] == "card":
+        return np.asarray(card_result["flagged"], bool)
+    return np.zeros(n, bool)
+
+
+__all__ = ["card_estimate", "decide", "flags_of", "selfcal"]

@@ -1,0 +1,142 @@
+"""The card route's leaked fraction, made honest: rates measured off the rows that chose the cut,
+exact bounds where a rate is 0 or 1, a transfer check before any number, and verdicts that agree
+with the estimate.
+
+A card's detector learnt its scale on the shadow. Its cut, its TPR/FPR and its calibration are
+absolute values on that scale, so they mean something for a target only if the target's scores
+are on it too: a target of another size, architecture or kind of leak moves raw losses, ranks and
+generation quality. `transfer_check` asks the one question the card can answer without the truth:
+is the target's score distribution a mixture of the card's own member and non-member
+distributions? If no mixture weight fits (a Kolmogorov-Smirnov distance larger than a
+parametric bootstrap from the fitted mixture allows), the card does not transfer and the route
+prints no number.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from leakray.errors import BadInput
+
+
+def clopper_pearson(k: int, n: int, alpha: float = 0.05) -> tuple[float, float]:
+    """Exact binomial interval for k successes in n (so 0/41 still allows a rate near 8.6%)."""
+    from scipy.stats import beta
+
+    if n <= 0:
+        return 0.0, 1.0
+    lo = 0.0 if k == 0 else float(beta.ppf(alpha / 2, k, n - k + 1))
+    hi = 1.0 if k == n else float(beta.ppf(1 - alpha / 2, k + 1, n - k))
+    return lo, hi
+
+
+def youden(y, s) -> float:
+    from sklearn.metrics import roc_curve
+
+    fpr, tpr, cuts = roc_curve(np.asarray(y), np.asarray(s, np.float64))
+    i = int(np.argmax(tpr - fpr))
+    return float(cuts[i]) if np.isfinite(cuts[i]) else float(np.max(s)) + 1.0
+
+
+def crossfit_rates(y, s, seed: int = 0) -> dict:
+    """TPR/FPR of the Youden cut measured on rows that did not choose it: the held-out shadow rows
+    split in two (stratified), a cut chosen on each half counted on the other; the counts pooled."""
+    from sklearn.model_selection import StratifiedKFold
+
+    y, s = np.asarray(y, np.int64), np.asarray(s, np.float64)
+    if min(np.bincount(y, minlength=2)) < 2:
+        raise BadInput("the card's held-out rows need at least 2 members and 2 non-members")
+    tp = fp = 0
+    for a, b in StratifiedKFold(2, shuffle=True, random_state=seed).split(s, y):
+        cut = youden(y[a], s[a])
+        tp += int(((s[b] >= cut) & (y[b] == 1)).sum())
+        fp += int(((s[b] >= cut) & (y[b] == 0)).sum())
+    n_pos, n_neg = int((y == 1).sum()), int((y == 0).sum())
+    return {"cut": youden(y, s), "tp": tp, "n_pos": n_pos, "fp": fp, "n_neg": n_neg,
+            "tpr": tp / n_pos, "fpr": fp / n_neg, "tpr_ci": clopper_pearson(tp, n_pos),
+            "fpr_ci": clopper_pearson(fp, n_neg)}
+
+
+def _mix_cdf(x, s0, s1, pi):
+    f0 = np.searchsorted(np.sort(s0), x, side="right") / len(s0)
+    f1 = np.searchsorted(np.sort(s1), x, side="right") / len(s1)
+    return (1 - pi) * f0 + pi * f1
+
+
+def _fit(t, s0, s1) -> tuple[float, float]:
+    """(mixture weight, KS distance) of the best fit of the target's scores by the card's mixture."""
+    grid = np.linspace(0, 1, 101)
+    x = np.sort(t)
+    emp_hi = np.arange(1, len(x) + 1) / len(x)
+    emp_lo = np.arange(0, len(x)) / len(x)
+    best = (0.0, np.inf)
+    for pi in grid:
+        m = _mix_cdf(x, s0, s1, pi)
+        d = max(np.max(np.abs(emp_hi - m)), np.max(np.abs(emp_lo - m)))
+        if d < best[1]:
+            best = (float(pi), float(d))
+    return best
+
+
+def transfer_check(target, val_y, val_s, n_boot: int = 200, seed: int = 0, alpha: float = 0.01) -> dict:
+    """Does the target's score distribution fit (1 - pi) F0 + pi F1 for some pi, F0/F1 the card's
+    held-out non-member/member scores? A parametric bootstrap from the fitted mixture (with F0/F1
+    themselves resampled, since they are estimated from few rows) gives the KS distance's null."""
+    t = np.asarray(target, np.float64)
+    t = t[np.isfinite(t)]
+    y, s = np.asarray(val_y, np.int64), np.asarray(val_s, np.float64)
+    s0, s1 = s[y == 0], s[y == 1]
+    pi, d = _fit(t, s0, s1)
+    rng = np.random.default_rng(seed)
+    null = []
+    for _ in range(int(n_boot)):
+        b0, b1 = rng.choice(s0, len(s0)), rng.choice(s1, len(s1))
+        n1 = rng.binomial(len(t), pi)
+        sim = np.concatenate([rng.choice(b0, len(t) - n1), rng.choice(b1, n1)])
+        null.append(_fit(sim, rng.choice(s0, len(s0)), rng.choice(s1, len(s1)))[1])
+    p = float((1 + np.sum(np.asarray(null) >= d)) / (1 + len(null)))
+    lo, hi = float(s.min()), float(s.max())
+    span = hi - lo if hi > lo else 1.0
+    outside = float(np.mean((t < lo - 0.1 * span) | (t > hi + 0.1 * span)))
+    ok = p >= alpha and outside <= 0.05
+    out = {"ok": bool(ok), "mixture_weight": pi, "ks": d, "p": p, "outside_range": outside,
+           "target_median": float(np.median(t)), "card_nonmember_median": float(np.median(s0)),
+           "card_member_median": float(np.median(s1))}
+    if not ok:
+        out["why"] = (f"the target's scores are not a mixture of the card's member and non-member scores "
+                      f"(KS {d:.2f}, bootstrap p {p:.3f}; {outside:.0%} outside the card's range): the target "
+                      f"is not on the shadow's scale")
+    return out
+
+
+def adjusted_interval(k: int, n: int, rates: dict) -> tuple[float, float, float]:
+    """Forman's adjusted count (q - FPR) / (TPR - FPR) and a conservative 95% interval: the exact
+    intervals of q, TPR and FPR combined at their worst corners."""
+    q = k / n
+    q_lo, q_hi = clopper_pearson(k, n)
+    t_lo, t_hi = rates["tpr_ci"]
+    f_lo, f_hi = rates["fpr_ci"]
+
+    def acc(q_, t_, f_):
+        return float(np.clip((q_ - f_) / (t_ - f_), 0, 1)) if t_ - f_ > 1e-9 else float(np.clip(q_, 0, 1))
+
+    est = acc(q, rates["tpr"], rates["fpr"])
+    lo = acc(q_lo, t_hi, f_hi)
+    hi = acc(q_hi, max(t_lo, f_lo + 1e-6), f_lo)
+    return est, min(lo, est), max(hi, est)
+
+
+def posterior_flags(prob, train_prior: float, prevalence: float, fdr: float) -> tuple[np.ndarray, np.ndarray]:
+    """(posterior, flagged): calibrated probabilities moved from the shadow's prior to the estimated
+    prevalence (Saerens' prior shift), then the most probable members flagged while the expected
+    share of non-members among the flagged (the Bayesian FDR) stays at most ``fdr``. At an
+    estimate of 0 nothing is flagged: verdicts and the leaked fraction tell one story."""
+    p = np.clip(np.asarray(prob, np.float64), 1e-6, 1 - 1e-6)
+    w1, w0 = prevalence / train_prior, (1 - prevalence) / (1 - train_prior)
+    post = w1 * p / (w1 * p + w0 * (1 - p))
+    order = np.argsort(-post)
+    running = np.cumsum(1 - post[order]) / np.arange(1, len(post) + 1)
+    n_flag = int(np.max(np.flatnonzero(running <= fdr)) + 1) if (running <= fdr).any() else 0
+    flags = np.zeros(len(post), bool)
+    flags[order[:n_flag]] = True
+    return post, flags

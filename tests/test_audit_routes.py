@@ -1,0 +1,142 @@
+"""The audit's two routes on fixtures whose truth is known: the self-calibrated test's null, the
+card route's transfer check, exact rates, and one story between the number and the verdicts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from leakray.evaluate import card_route, selfcal
+from leakray.evaluate.audit_routes import card_estimate, decide, flags_of
+from leakray.schema import R
+
+
+def rewrite_rows(n_tasks: int, members: set[int], shift: float, rng, bias: float = 0.0, m: int = 16) -> list[dict]:
+    """Synthetic rewrite scores: per task a difficulty offset, the reference model's view, and a
+    target that (for members) likes the original by ``shift`` nats more; ``bias``: a clean target
+    that prefers every original (a null that does not hold)."""
+    rows = []
+    for i in range(n_tasks):
+        base = rng.normal(-60, 15)
+        ref = base + rng.normal(0, 3, m + 1)
+        tgt = ref + rng.normal(5, 2) + rng.normal(0, 1.5, m + 1)  # target and reference differ per task
+        tgt[0] += bias + (shift if i in members else 0.0)
+        rows.append({R.TASK_ID: f"T/{i}", R.N_REWRITES: m, R.REASON: "", R.TARGET_ORIGINAL: tgt[0],
+                     R.TARGET_REWRITES: list(tgt[1:]), R.REFERENCE_ORIGINAL: ref[0], R.REFERENCE_REWRITES: list(ref[1:])})
+    return rows
+
+
+def test_selfcal_p_values_are_uniform_on_a_clean_target():
+    rng = np.random.default_rng(0)
+    res = selfcal.estimate(rewrite_rows(400, set(), 0.0, rng), n_boot=200)
+    assert res["uniformity"]["ks_p"] > 0.01
+    assert res["estimate"] <= 0.08 and res["ci"][0] <= 0.0 + 1e-9
+    assert res["n_flagged"] <= 0.05 * 400 and res["usable"]
+
+
+@pytest.mark.parametrize("share", [0.25, 0.5])
+def test_selfcal_estimates_a_clear_leak(share):
+    rng = np.random.default_rng(1)
+    n = 200
+    members = set(rng.permutation(n)[: int(share * n)].tolist())
+    res = selfcal.estimate(rewrite_rows(n, members, 12.0, rng), n_boot=300)
+    assert abs(res["estimate"] - share) <= 0.1
+    assert res["ci"][0] <= share <= res["ci"][1]
+    flagged = {int(t.split("/")[1]) for t, f in zip(res["per_task"]["task_id"], res["per_task"]["flagged"]) if f}
+    assert len(flagged - members) <= max(2, 0.15 * len(flagged))  # FDR 0.1, with slack for one draw
+
+
+def test_selfcal_refuses_when_its_null_does_not_hold():
+    """A clean target that prefers every original (a far stronger model than the reference):
+    the p-values above lambda pile up near it, the check fails and no number is given."""
+    rng = np.random.default_rng(2)
+    res = selfcal.estimate(rewrite_rows(300, set(), 0.0, rng, bias=2.0), n_boot=100)
+    assert res["usable"] is False and "null does not hold" in res["why_unusable"]
+
+
+def test_selfcal_says_why_a_task_is_not_tested():
+    rows = [{R.TASK_ID: "a", R.N_REWRITES: 0, R.REASON: "no locals", R.TARGET_ORIGINAL: np.nan,
+             R.TARGET_REWRITES: [], R.REFERENCE_ORIGINAL: np.nan, R.REFERENCE_REWRITES: []}]
+    res = selfcal.estimate(rows)
+    assert res["usable"] is False and res["not_tested"] == {"no locals": 1}
+
+
+def test_clopper_pearson_is_exact_at_zero():
+    lo, hi = card_route.clopper_pearson(0, 41)
+    assert lo == 0.0 and 0.08 < hi < 0.09  # 0 false positives in 41 still allows an FPR near 8.6%
+    assert card_route.clopper_pearson(41, 41)[1] == 1.0
+
+
+def _card_rows(rng, n=41):
+    y = np.r_[np.ones(n), np.zeros(n)].astype(int)
+    s = np.r_[rng.normal(3, 1, n), rng.normal(0, 1, n)]
+    return y, s
+
+
+def test_transfer_check_refuses_a_shifted_target_without_members():
+    """The issue's toy: target scores shifted by 1.5 shadow sds, no member at all."""
+    rng = np.random.default_rng(3)
+    y, s = _card_rows(rng)
+    target = rng.normal(1.5, 1, 164)
+    res = card_estimate(target, y, s, np.full(164, 0.5), 0.5, fdr=0.1, n_boot=200)
+    assert res["usable"] is False and "not on the shadow's scale" in res["why_unusable"]
+
+
+def test_card_route_holds_on_a_target_of_the_cards_kind():
+    rng = np.random.default_rng(4)
+    y, s = _card_rows(rng)
+    n, share = 164, 0.2
+    member = rng.random(n) < share
+    target = np.where(member, rng.normal(3, 1, n), rng.normal(0, 1, n))
+    from sklearn.linear_model import LogisticRegression
+
+    prob = LogisticRegression().fit(s[:, None], y).predict_proba(target[:, None])[:, 1]
+    res = card_estimate(target, y, s, prob, 0.5, fdr=0.1, n_boot=200)
+    assert res["usable"], res.get("why_unusable")
+    assert res["ci"][0] <= member.mean() <= res["ci"][1] and abs(res["estimate"] - member.mean()) <= 0.1
+    assert res["ci"][1] - res["ci"][0] > 0  # never a [x, x] interval from finite rows
+
+
+def test_card_route_at_zero_has_a_real_upper_bound_and_flags_nothing():
+    rng = np.random.default_rng(5)
+    y, s = _card_rows(rng)
+    target = rng.normal(0, 1, 164)
+    res = card_estimate(target, y, s, np.full(164, 0.05), 0.5, fdr=0.1, n_boot=200)
+    assert res["ci"][0] == 0.0 and res["ci"][1] > 0.0 and res["estimate"] <= 0.1  # 41 negatives: noisy FPR
+    assert res["flagged"].sum() <= 0.05 * 164
+
+
+def test_decide_prefers_the_self_calibrated_route_and_states_when_none_holds():
+    good = {"usable": True, "estimate": 0.2, "ci": [0.1, 0.3]}
+    bad = {"usable": False, "why_unusable": "reason A"}
+    assert decide(good, bad)["route"] == "self-calibrated"
+    assert decide(bad, good)["route"] == "card"
+    d = decide(bad, {"usable": False, "why_unusable": "reason B"})
+    assert d["estimate"] is None and "reason A" in d["statement"] and "reason B" in d["statement"]
+    assert not flags_of(d, None, None, 5).any()
+
+
+def test_the_reference_model_is_never_the_targets_own_base_by_default():
+    from leakray.config import AUDIT_DEFAULTS, AuditConfig, load_config
+    from leakray.pipelines.audit import reference_for, target_reference
+
+    cfg = load_config([AUDIT_DEFAULTS], [], AuditConfig)
+    assert cfg.audit.reference_model == "auto"
+    assert target_reference(cfg) == "tiny-alt"  # planted tiny target
+    alt = load_config([AUDIT_DEFAULTS], ["audit.planted_base=tiny-alt"], AuditConfig)
+    assert target_reference(alt) == "tiny" and reference_for(alt, "tiny") == "tiny-alt"  # the card's shadow
+    shadow_alt = load_config([AUDIT_DEFAULTS], ["model.base=tiny-alt"], AuditConfig)  # a tiny-alt card
+    assert target_reference(shadow_alt) == "tiny"
+    chosen = load_config([AUDIT_DEFAULTS], ["audit.reference_model=tiny"], AuditConfig)
+    assert target_reference(chosen) == "tiny"  # what the user names wins
+
+
+def test_audit_config_takes_the_other_local_architecture_and_refuses_nonsense():
+    from leakray.config import AUDIT_DEFAULTS, AuditConfig, load_config
+    from leakray.errors import BadInput
+
+    cfg = load_config([AUDIT_DEFAULTS], ["model.base=tiny-alt", "audit.planted_base=tiny"], AuditConfig)
+    assert cfg.model.base == "tiny-alt" and cfg.audit.planted_base == "tiny"
+    for bad in ("audit.reference_model=./no/such/dir", "audit.fdr=1.5", "audit.rewrites=1"):
+        with pytest.raises(BadInput):
+            load_config([AUDIT_DEFAULTS], [bad], AuditConfig)
