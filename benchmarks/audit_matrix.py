@@ -98,42 +98,77 @@ def build_card(which: str, out: Path) -> Path:
     return run_audit(cfg, Console(stream=LOG), card_only=True)
 
 
-def audit(target: dict, spec: tuple, card: Path, out: Path, reference: str | None = None) -> dict:
+def flaky(body: dict, n: int) -> str | None:
+    """The endpoint's injected faults: rate limits, server errors, a slow reply, malformed answers."""
+    for every, fault in ((7, "429:0.2"), (11, "503"), (17, "garbage"), (23, "no_choices"), (29, "sleep:1")):
+        if n % every == 0:
+            return fault
+    return None
+
+
+def audit(target: dict, spec: tuple, card: Path, out: Path, reference: str) -> Path:
     from leakray.config import AUDIT_DEFAULTS, AuditConfig, load_config
     from leakray.console import Console
     from leakray.pipelines.audit import run_audit
 
-    overrides = SETTINGS + [f"audit.card={card}", f"audit.target={target['path']}", f"output_dir={out / 'runs'}"]
-    if reference:
-        overrides.append(f"audit.reference_model={reference}")
-    server = None
-    if spec[1] == "endpoint":
-        from leakray.models.endpoint_server import CompletionServer, HFBackend
+    overrides = SETTINGS + [f"audit.card={card}", f"audit.target={target['path']}", f"output_dir={out / 'runs'}",
+                            f"audit.reference_model={reference}"]
+    if spec[1] != "endpoint":
+        return run_audit(load_config([AUDIT_DEFAULTS], overrides, AuditConfig), Console(stream=LOG))
+    from leakray.models.endpoint_server import CompletionServer, HFBackend
 
-        server = CompletionServer(HFBackend(target["path"], threads=1), lifetime_s=3600).start()
-        overrides += ["sample.backend=openai", f"sample.endpoint_url={server.url}", "audit.target=tiny-served",
-                      f"audit.reference_model={reference or 'tiny-alt'}"]
-    try:
-        cfg = load_config([AUDIT_DEFAULTS], overrides, AuditConfig)
-        run_dir = run_audit(cfg, Console(stream=LOG))
-    finally:
-        if server is not None:
-            server.stop()
-    return json.loads((run_dir / "report.json").read_text())
+    with CompletionServer(HFBackend(target["path"], threads=1), fault=flaky, lifetime_s=3600) as srv:
+        overrides += ["sample.backend=openai", f"sample.endpoint_url={srv.url}", "audit.target=tiny-served",
+                      "sample.backoff_s=0.2", "sample.max_retries=8"]
+        return run_audit(load_config([AUDIT_DEFAULTS], overrides, AuditConfig), Console(stream=LOG))
+
+
+def oracle_selfcal(run_dir: Path, cfg, oracle: str) -> dict:
+    """The self-calibrated route again with the oracle reference (the target's own pre-leak
+    checkpoint): the target's log-probabilities from its collection, the oracle's scored here."""
+    import pyarrow.parquet as pq
+
+    from leakray.config import to_stage
+    from leakray.evaluate import selfcal
+    from leakray.models.sampler import SampleConfig
+    from leakray.pipelines.rewrite_scores import score_texts
+    from leakray.schema import C
+
+    table = pq.read_table(run_dir / "collect_target" / "collection.parquet")
+    pairs = list(zip(table.column(C.PROMPT).to_pylist(), table.column(C.REFERENCE).to_pylist()))
+    sample = SampleConfig(**{**to_stage(cfg.sample).__dict__, "backend": "hf"})
+    oracle_ll = score_texts(base_path(cfg, oracle), sample, pairs)
+    import pyarrow as pa
+
+    sums = [pa.scalar([v], pa.list_(pa.float32())).as_py() if v == v else None for v in oracle_ll]
+    table = table.set_column(table.schema.get_field_index(C.REFMODEL_TOKEN_LOGPROBS), C.REFMODEL_TOKEN_LOGPROBS,
+                             pa.array(sums, pa.list_(pa.float32())))
+    lr = selfcal.likelihood_ratio(table)
+    return selfcal.estimate_empirical(lr["task_id"], lr["s"], lr["why"], n_boot=300, seed=12)
 
 
 def row(name: str, spec: tuple, target: dict, report: dict, n_tasks: int, reference: str) -> dict:
     s = report["summary"]
     truth = len(target["members"]) / n_tasks
     est, ci = s["leaked_fraction"]["estimate"], s["leaked_fraction"]["ci"]
+    members = set(target["members"])
+    flagged_clean = None  # share of the target's non-members the verdicts flag
+    import pyarrow.parquet as pq
+
+    samples = pq.read_table(Path(report["run_dir"]) / "samples.parquet").to_pylist()
+    clean = [r for r in samples if r["task_id"] not in members]
+    if clean:
+        flagged_clean = sum(r["verdict"] != "clean" for r in clean) / len(clean)
     return {
         "target": name, "leak": spec[1], "dose": spec[3] or None, "card": spec[4], "target_base": spec[0],
         "reference": reference, "truth": truth, "estimate": est, "ci": ci,
         "error": None if est is None else est - truth,
         "covered": None if est is None else bool(ci[0] - 1e-9 <= truth <= ci[1] + 1e-9),
         "route": s["leaked_fraction"]["route"], "statement": s["leaked_fraction"].get("statement"),
-        "primary": s.get("primary_detector"), "flagged": s["verdicts"]["suspected"],
-        "uniform_p": (s.get("self_calibrated") or {}).get("uniformity", {}).get("ks_p"),
+        "primary": s.get("primary_detector"), "flagged": s["verdicts"]["suspected"], "flagged_clean": flagged_clean,
+        "uniform_p": ((s.get("self_calibrated") or {}).get("uniformity") or {}).get("ks_p"),
+        "why_self_cal": (s.get("self_calibrated") or {}).get("why_unusable"),
+        "why_card": (s.get("card_route") or {}).get("why_unusable"),
         "self_cal": (s.get("self_calibrated") or {}).get("estimate"),
         "card_route": (s.get("card_route") or {}).get("estimate"),
     }
@@ -144,17 +179,29 @@ def _pct(v) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| target | leak | card | reference | truth | estimate | 95% CI | error | covered | route | flagged | "
-             "self-cal / card route | p uniform (KS p) |", "|" + "---|" * 13]
+    lines = ["| target | leak | card | reference | truth | estimate | 95% CI | error | covered | route | flagged "
+             "(of non-members) | self-cal / card route | p uniform (KS p) |", "|" + "---|" * 13]
     for r in rows:
-        est = _pct(r["estimate"]) if r["estimate"] is not None else f"not estimated: {r['statement']}"
+        est = _pct(r["estimate"]) if r["estimate"] is not None else "not estimated (below)"
         ci = "–" if r["estimate"] is None else f"{_pct(r['ci'][0])}–{_pct(r['ci'][1])}"
         err = "–" if r["error"] is None else f"{r['error'] * 100:+.1f} pts"
         lines.append(f"| {r['target']} | {r['leak']}{'' if not r['dose'] else ' x' + str(r['dose'])} | {r['card']} | "
                      f"{r['reference']} | {_pct(r['truth'])} | {est} | {ci} | {err} | "
                      f"{'–' if r['covered'] is None else ('yes' if r['covered'] else 'NO')} | {r['route']} | "
-                     f"{r['flagged']} | {_pct(r['self_cal'])} / {_pct(r['card_route'])} | "
+                     f"{r['flagged']} ({_pct(r['flagged_clean'])}) | {_pct(r['self_cal'])} / {_pct(r['card_route'])} | "
                      f"{'–' if r['uniform_p'] is None else format(r['uniform_p'], '.3f')} |")
+    lines += ["", "Why no number, by route:", ""]
+    lines += [f"- {r['target']}: self-calibrated — {r['why_self_cal'] or 'used'}; card — {r['why_card'] or 'usable'}"
+              for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def oracle_markdown(rows: list[dict]) -> str:
+    lines = ["Self-calibrated route with the oracle reference (the target's own pre-leak checkpoint):", "",
+             "| target | truth | estimate | 95% CI | why no number |", "|---|---|---|---|---|"]
+    for r in rows:
+        ci = "–" if r["ci"][0] is None else f"{_pct(r['ci'][0])}–{_pct(r['ci'][1])}"
+        lines.append(f"| {r['target']} | {_pct(r['truth'])} | {_pct(r['estimate'])} | {ci} | {r['why'] or ''} |")
     return "\n".join(lines) + "\n"
 
 
@@ -177,7 +224,7 @@ def main() -> None:
     names = [n for n in TARGETS if not args.only or n in args.only.split(",")]
     t0 = time.perf_counter()
     cards = {}
-    rows = []
+    rows, oracle_rows = [], []
     for name in names:
         spec = TARGETS[name]
         t = time.perf_counter()
@@ -185,15 +232,22 @@ def main() -> None:
             cards[spec[4]] = build_card(spec[4], out)
         target = build_target(name, spec, cfg, tasks, out)
         other = "tiny-alt" if spec[0] == "tiny" else "tiny"
-        refs = [other] + ([] if args.no_oracle else [spec[0]])
-        for ref in refs:
-            report = audit(target, spec, cards[spec[4]], out, reference=ref)
-            rows.append(row(name, spec, target, report, len(tasks), "oracle" if ref == spec[0] else ref))
-            print(json.dumps(rows[-1]), f"{time.perf_counter() - t:.0f}s", flush=True, file=sys.stderr)
-        (out / "matrix.json").write_text(json.dumps(rows, indent=1))
-        (out / "matrix.md").write_text(markdown(rows) + f"\ntotal {time.perf_counter() - t0:.0f} s; settings "
-                                       f"{SETTINGS}\n")
-    print(markdown(rows))
+        run_dir = audit(target, spec, cards[spec[4]], out, reference=other)
+        report = json.loads((run_dir / "report.json").read_text())
+        report["run_dir"] = str(run_dir)
+        rows.append(row(name, spec, target, report, len(tasks), other))
+        rows[-1]["seconds"] = round(time.perf_counter() - t, 1)
+        print(json.dumps(rows[-1]), flush=True, file=sys.stderr)
+        if not args.no_oracle and spec[1] not in ("none", "endpoint"):  # the clean base is its own oracle
+            sc = oracle_selfcal(run_dir, cfg, spec[0])
+            truth = len(target["members"]) / len(tasks)
+            est = sc["estimate"] if sc["usable"] else None
+            oracle_rows.append({"target": name, "truth": truth, "estimate": est, "ci": sc["ci"],
+                                "fit_estimate": sc.get("estimate"), "why": sc.get("why_unusable")})
+        (out / "matrix.json").write_text(json.dumps({"rows": rows, "oracle": oracle_rows}, indent=1))
+        text = markdown(rows) + "\n" + oracle_markdown(oracle_rows)
+        (out / "matrix.md").write_text(text + f"\ntotal {time.perf_counter() - t0:.0f} s; settings {SETTINGS}\n")
+    print(text)
 
 
 if __name__ == "__main__":

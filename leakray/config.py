@@ -359,10 +359,11 @@ class AuditSection(Section):
     # shadow's base. Never default to the target's own pre-leak checkpoint: a real audit has none.
     reference_model: str = "auto"
     planted_base: str | None = None  # planted target's base: null = model.base (the shadow's); tiny-alt; HF id
-    rewrites: int = Field(16, ge=3)  # self-calibrated route: renamed rewrites of each reference solution
+    rewrites: int = Field(0, ge=0)  # >0: also the rewrite test (renamed rewrites of each solution; docs/AUDIT.md)
     rewrite_seed: int = 0
     fdr: float = Field(0.1, gt=0, lt=1)  # 'suspected' = q-value <= fdr (expected share of false leaks)
-    lam: float = Field(0.5, gt=0, lt=1)  # Storey's lambda: p-values above it are taken as nulls
+    lam: float = Field(0.5, gt=0, lt=1)  # the rewrite test's Storey lambda: p-values above it are taken as nulls
+    max_width: float = Field(0.3, gt=0, le=1)  # self-calibrated route: no number when its 95% interval is wider
     # which estimate to print: auto = self-calibrated when its checks hold, else the card's when it
     # transfers, else a statement; or force one route (still refused when its checks fail)
     route: Literal["auto", "self-calibrated", "card"] = "auto"

@@ -186,4 +186,8 @@ def test_audit_end_to_end_then_reuse_card(ray_head, tmp_path, leakray_cache):
     a = a[a.task_id.isin(set(b.task_id))]
     assert len(b) == len(a) > 0
     key = ["detector", "task_id"]
-    assert a.sort_values(key).reset_index(drop=True).equals(b.sort_values(key).reset_index(drop=True))
+    a, b = a.sort_values(key).reset_index(drop=True), b.sort_values(key).reset_index(drop=True)
+    assert a[key].equals(b[key])
+    # the same model and card: the same scores, up to float32 rounding of another batch size; a
+    # learned detector's own training tasks are NaN (cross-fitting) in both
+    np.testing.assert_allclose(a["score"].to_numpy(), b["score"].to_numpy(), rtol=1e-6, atol=1e-6)

@@ -26,38 +26,72 @@ def rewrite_rows(n_tasks: int, members: set[int], shift: float, rng, bias: float
     return rows
 
 
-def test_selfcal_p_values_are_uniform_on_a_clean_target():
+def _lr(values):
+    return [str(i) for i in range(len(values))], np.asarray(values), [""] * len(values)
+
+
+def test_self_calibrated_route_estimates_a_separable_leak():
+    rng = np.random.default_rng(7)
+    for share in (0.2, 0.4):
+        n_mem = int(share * 164)
+        x = np.r_[rng.normal(0.0, 0.3, 164 - n_mem), rng.normal(2.0, 0.4, n_mem)]
+        res = selfcal.estimate_empirical(*_lr(x), n_boot=200)
+        assert res["usable"] and abs(res["estimate"] - share) <= 0.05 and res["ci"][0] <= share <= res["ci"][1]
+        flagged = res["per_task"]["flagged"]
+        assert flagged[164 - n_mem:].mean() >= 0.9  # the members found
+        assert flagged[:164 - n_mem].sum() <= 0.15 * flagged.sum()  # false leaks among the flagged: the FDR (0.1)
+
+
+@pytest.mark.parametrize("case", ["clean", "faint"])
+def test_self_calibrated_route_never_says_zero_with_certainty(case):
+    """A clean target and a faint leak (members 1.4 null sds up) look alike: one normal fits both,
+    so the route gives no number rather than a confident 0% about a leaked model."""
+    rng = np.random.default_rng(8)
+    x = rng.normal(0.3, 0.14, 164) if case == "clean" else np.r_[rng.normal(0.3, 0.14, 123), rng.normal(0.5, 0.14, 41)]
+    res = selfcal.estimate_empirical(*_lr(x), n_boot=100)
+    assert not res["usable"] and "no group of tasks stands out" in res["why_unusable"]
+    assert res["uniformity"]["ks_p"] > 0.01 and res["n_flagged"] <= 0.05 * 164
+
+
+def test_self_calibrated_route_refuses_a_skewed_clean_target_rather_than_guessing():
     rng = np.random.default_rng(0)
-    res = selfcal.estimate(rewrite_rows(400, set(), 0.0, rng), n_boot=200)
+    x = 0.2 + 0.05 * rng.gamma(4, 1, 164)
+    res = selfcal.estimate_empirical(*_lr(x), n_boot=200)
+    assert not res["usable"]
+
+
+def test_rewrite_test_p_values_are_uniform_on_a_clean_target():
+    rng = np.random.default_rng(0)
+    res = selfcal.estimate_rewrites(rewrite_rows(400, set(), 0.0, rng), n_boot=200)
     assert res["uniformity"]["ks_p"] > 0.01
     assert res["estimate"] <= 0.08 and res["ci"][0] <= 0.0 + 1e-9
     assert res["n_flagged"] <= 0.05 * 400 and res["usable"]
 
 
 @pytest.mark.parametrize("share", [0.25, 0.5])
-def test_selfcal_estimates_a_clear_leak(share):
+def test_rewrite_test_estimates_a_clear_leak(share):
     rng = np.random.default_rng(1)
     n = 200
     members = set(rng.permutation(n)[: int(share * n)].tolist())
-    res = selfcal.estimate(rewrite_rows(n, members, 12.0, rng), n_boot=300)
+    res = selfcal.estimate_rewrites(rewrite_rows(n, members, 12.0, rng), n_boot=300)
     assert abs(res["estimate"] - share) <= 0.1
     assert res["ci"][0] <= share <= res["ci"][1]
     flagged = {int(t.split("/")[1]) for t, f in zip(res["per_task"]["task_id"], res["per_task"]["flagged"]) if f}
     assert len(flagged - members) <= max(2, 0.15 * len(flagged))  # FDR 0.1, with slack for one draw
 
 
-def test_selfcal_refuses_when_its_null_does_not_hold():
+def test_rewrite_test_refuses_when_its_null_does_not_hold():
     """A clean target that prefers every original (a far stronger model than the reference):
     the p-values above lambda pile up near it, the check fails and no number is given."""
     rng = np.random.default_rng(2)
-    res = selfcal.estimate(rewrite_rows(300, set(), 0.0, rng, bias=2.0), n_boot=100)
+    res = selfcal.estimate_rewrites(rewrite_rows(300, set(), 0.0, rng, bias=2.0), n_boot=100)
     assert res["usable"] is False and "null does not hold" in res["why_unusable"]
 
 
-def test_selfcal_says_why_a_task_is_not_tested():
+def test_rewrite_test_says_why_a_task_is_not_tested():
     rows = [{R.TASK_ID: "a", R.N_REWRITES: 0, R.REASON: "no locals", R.TARGET_ORIGINAL: np.nan,
              R.TARGET_REWRITES: [], R.REFERENCE_ORIGINAL: np.nan, R.REFERENCE_REWRITES: []}]
-    res = selfcal.estimate(rows)
+    res = selfcal.estimate_rewrites(rows)
     assert res["usable"] is False and res["not_tested"] == {"no locals": 1}
 
 
@@ -137,6 +171,6 @@ def test_audit_config_takes_the_other_local_architecture_and_refuses_nonsense():
 
     cfg = load_config([AUDIT_DEFAULTS], ["model.base=tiny-alt", "audit.planted_base=tiny"], AuditConfig)
     assert cfg.model.base == "tiny-alt" and cfg.audit.planted_base == "tiny"
-    for bad in ("audit.reference_model=./no/such/dir", "audit.fdr=1.5", "audit.rewrites=1"):
+    for bad in ("audit.reference_model=./no/such/dir", "audit.fdr=1.5", "audit.max_width=0"):
         with pytest.raises(BadInput):
             load_config([AUDIT_DEFAULTS], [bad], AuditConfig)

@@ -1,29 +1,33 @@
-"""The self-calibrated audit route: a per-task test whose null comes from the target itself.
+"""The self-calibrated audit route: a per-task statistic whose null is estimated from the target's
+own scores, so the route needs no shadow that resembles the target.
 
-For task i the model under audit (T) and a reference model (R, not the target's own checkpoint)
-score the original solution x0 and n rewrites x1..xn that rename its locals
-(`leakray.perturb.rewrite`). The statistic of each text is the log-likelihood ratio
-d_j = log p_T(x_j) - log p_R(x_j): how much more the target likes the text than the reference does.
-A model that never read the task has no reason to like the original's spelling more, relative to
-the reference, than a rewrite's; one that read it does. So
+**The statistic** (`likelihood_ratio`): per task, how much more the model under audit likes the
+reference solution than a reference model does, per character of the solution:
+``s = (log p_target(solution | prompt) - log p_reference(solution | prompt)) / len(solution)``.
+Log-probabilities of a string compare across tokenizers, and per character across tasks. Members
+have a larger s.
 
-    t_i = (d_0 - mean(d_1..n)) / (sd(d_1..n) * sqrt(1 + 1/n))
+**The null, from the target itself** (`empirical_null`, after Efron 2004, "the choice of a null
+hypothesis"): a theoretical null would need s's distribution on a clean target relative to this
+reference, which depends on the pair of models and which no audit has. Instead the scores are fitted
+as a two-component normal mixture: the *null* component, assumed to hold most tasks (pi0 >= 0.5),
+and a *member* component to its right (mean at least one null sd above the null's). Per task a
+p-value under the fitted null, Storey-style q-values, and the leaked fraction 1 - pi0 with a
+bootstrap interval (the whole fit repeated on resampled tasks).
 
-is, under "not seen" (H0), a draw of the same kind as the rewrites' own, and its one-sided p-value
-comes from Student's t with n - 1 degrees of freedom (the prediction interval of a new draw).
+**When it prints no number** (each stated in the report): one normal fits as well as the mixture
+(BIC; then "0% leaked" would be a guess: a faint leak looks the same), the bootstrap interval is wider than
+`max_width` (members and clean tasks do not separate: a faint leak, or a clean target whose score
+distribution is merely skewed — the two look alike and the route will not guess), the fit sits at
+pi0 = 0.5 (more than half the tasks look leaked, or the null cannot be told apart), or too few tasks
+could be scored.
 
-Assumptions, each checked rather than trusted:
-- H0 exchangeability (the original is, for a clean target relative to the reference, just another
-  rewrite). Violated when the target prefers natural spelling more than the reference does (a
-  stronger model). Checked where it can be: the p-values above `lam` come from non-members only and
-  must be uniform there (`null_check`); the report prints the test and refuses the number when it
-  fails. `calibrate_null` can move the null to the one measured on a clean model (the card's shadow
-  base) when the user has one.
-- The d_j are roughly normal (sums of many token log-probabilities): the t prediction p-value.
-
-From the p-values: Storey's pi0 (the share of tasks consistent with H0) and the leaked fraction
-1 - pi0 with a bootstrap interval over tasks; per-task q-values (Storey's FDR), so "suspected"
-controls the expected share of false leaks among the tasks flagged.
+Measured, and kept as an option (`audit.rewrites > 0`): the same comparison against renamed
+rewrites of each solution (`leakray.perturb.rewrite`, `task_statistics`) with a theoretical
+Student-t null. Its null does not hold here: on a clean tiny target with the tiny-alt reference the
+p-values are far from uniform (KS p 2e-11), because the original's names are more natural than any
+rename and the two models weigh naturalness differently; and renaming cancels the memorised
+structure, which carries most of the signal at low doses.
 """
 
 from __future__ import annotations
@@ -31,7 +35,114 @@ from __future__ import annotations
 import numpy as np
 
 from leakray.errors import BadInput
-from leakray.schema import R
+from leakray.schema import C, R
+
+
+def likelihood_ratio(table) -> dict:
+    """Per task of a collection: s (see the module doc) and why a task has none."""
+    from leakray.data.tasks import continuation
+
+    cols = table.column_names
+    ids = table.column(C.TASK_ID).to_pylist()
+    if C.REF_TOKEN_LOGPROBS not in cols or C.REFMODEL_TOKEN_LOGPROBS not in cols:
+        return {"task_id": ids, "s": np.full(len(ids), np.nan),
+                "why": ["the collection has no reference-model column (columns.reference_model)"] * len(ids)}
+    tgt, ref = table.column(C.REF_TOKEN_LOGPROBS).to_pylist(), table.column(C.REFMODEL_TOKEN_LOGPROBS).to_pylist()
+    prompts, refs = table.column(C.PROMPT).to_pylist(), table.column(C.REFERENCE).to_pylist()
+    notes = table.column(C.NOTES).to_pylist() if C.NOTES in cols else [[]] * len(ids)
+    s, why = np.full(len(ids), np.nan), []
+    for i in range(len(ids)):
+        cut = [n for n in (notes[i] or []) if "truncated" in n]
+        if not tgt[i] or not ref[i]:
+            why.append("the target or the reference model gave no log-probabilities for the solution")
+        elif cut:
+            why.append(f"the solution was scored in part ({cut[0]})")
+        else:
+            s[i] = (float(np.sum(tgt[i])) - float(np.sum(ref[i]))) / max(1, len(continuation(prompts[i], refs[i])))
+            why.append("" if np.isfinite(s[i]) else "a log-probability is not finite")
+    return {"task_id": ids, "s": s, "why": why}
+
+
+def empirical_null(x, iters: int = 500) -> dict:
+    """Fit x ~ pi0 N(mu0, sd0) + (1 - pi0) N(mu1, sd1) by EM with pi0 in [0.5, 1] and
+    mu1 >= mu0 + sd0 (members to the right of the null): the null component is the bulk."""
+    from scipy import stats
+
+    x = np.asarray(x, np.float64)
+    mu0 = float(np.median(x))
+    sd0 = float(stats.median_abs_deviation(x, scale="normal")) or float(x.std()) or 1e-6
+    pi0, mu1, sd1 = 0.9, mu0 + 2 * sd0, sd0
+    for _ in range(iters):
+        f0 = pi0 * stats.norm.pdf(x, mu0, sd0)
+        f1 = (1 - pi0) * stats.norm.pdf(x, mu1, sd1)
+        r0 = f0 / np.maximum(f0 + f1, 1e-300)
+        r1 = 1 - r0
+        new = float(np.clip(r0.mean(), 0.5, 1.0))
+        mu0 = float((r0 * x).sum() / r0.sum())
+        sd0 = max(float(np.sqrt((r0 * (x - mu0) ** 2).sum() / r0.sum())), 1e-6)
+        if r1.sum() > 1e-6:
+            mu1 = float((r1 * x).sum() / r1.sum())
+            sd1 = max(float(np.sqrt((r1 * (x - mu1) ** 2).sum() / r1.sum())), 0.3 * sd0)
+        mu1 = max(mu1, mu0 + sd0)
+        done = abs(new - pi0) < 1e-8
+        pi0 = new
+        if done:
+            break
+    # one normal (nothing leaked) unless the mixture earns its three extra parameters (BIC): a clean
+    # target's near-normal scores are then "0 leaked", not a small spurious member component
+    m, sd = float(x.mean()), max(float(x.std()), 1e-6)
+    ll1 = float(stats.norm.logpdf(x, m, sd).sum())
+    ll2 = float(np.log(np.maximum(pi0 * stats.norm.pdf(x, mu0, sd0) + (1 - pi0) * stats.norm.pdf(x, mu1, sd1),
+                                  1e-300)).sum())
+    if -2 * ll2 + 5 * np.log(len(x)) >= -2 * ll1 + 2 * np.log(len(x)):
+        return {"pi0": 1.0, "mu0": m, "sd0": sd, "mu1": None, "sd1": None, "components": 1}
+    return {"pi0": pi0, "mu0": mu0, "sd0": sd0, "mu1": mu1, "sd1": sd1, "components": 2}
+
+
+def estimate_empirical(task_ids, s, why, *, fdr: float = 0.1, n_boot: int = 300, seed: int = 0,
+                       max_width: float = 0.3, min_tasks: int = 30) -> dict:
+    """The route's answer from the per-task statistic: leaked fraction, interval, p/q per task,
+    flags at the FDR, and whether the number may be printed (``usable``) or why not."""
+    from scipy import stats
+
+    s = np.asarray(s, np.float64)
+    ok = np.isfinite(s)
+    n = len(s)
+    out = {"route": "self-calibrated (likelihood ratio to a reference model, empirical null from the target)",
+           "statistic": "(log p_target - log p_reference) of the solution per character",
+           "n_tasks": n, "n_tested": int(ok.sum()), "fdr": fdr, "max_width": max_width,
+           "not_tested": {r: why.count(r) for r in sorted(set(w for w in why if w))}}
+    p, q, flagged = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, bool)
+    per_task = {"task_id": list(task_ids), "s": s, "p": p, "q": q, "flagged": flagged}
+    if ok.sum() < min_tasks:
+        return {**out, "usable": False, "estimate": None, "ci": [None, None], "per_task": per_task,
+                "why_unusable": f"only {int(ok.sum())} tasks could be scored ({min_tasks} needed)"}
+    x = s[ok]
+    fit = empirical_null(x)
+    rng = np.random.default_rng(seed)
+    boots = [1.0 - empirical_null(x[rng.integers(0, len(x), len(x))])["pi0"] for _ in range(int(n_boot))]
+    lo, hi = np.percentile(boots, [2.5, 97.5]).tolist()
+    p[ok] = stats.norm.sf(x, fit["mu0"], fit["sd0"])
+    q[ok] = qvalues(p[ok], fit["pi0"])
+    flagged[ok] = q[ok] <= fdr
+    est = 1.0 - fit["pi0"]
+    out.update(estimate=est, ci=[float(min(lo, est)), float(max(hi, est))], fit=fit,
+               separation=None if fit["mu1"] is None else (fit["mu1"] - fit["mu0"]) / fit["sd0"],
+               n_flagged=int(flagged.sum()),
+               uniformity=uniformity(p[ok]), p_histogram=np.histogram(p[ok], bins=10, range=(0, 1))[0].tolist())
+    why_not = []
+    if fit["components"] == 1:
+        why_not.append("no group of tasks stands out from the clean bulk (one normal fits the scores as well as a "
+                       "mixture): the target may be clean, or its leak too faint for this reference model — members "
+                       "that score within about two standard deviations of clean tasks look the same")
+    elif hi - lo > max_width:
+        why_not.append(f"its 95% interval [{lo:.0%}, {hi:.0%}] is wider than {max_width:.0%}: the target's scores do "
+                       "not split into a clean bulk and a leaked group (a faint leak and a clean model with skewed "
+                       "scores look alike)")
+    if fit["pi0"] <= 0.5 + 1e-6:
+        why_not.append("the fit puts half the tasks in the leaked group, the most its null assumption allows")
+    out.update(usable=not why_not, **({"why_unusable": "; ".join(why_not)} if why_not else {}))
+    return {**out, "per_task": per_task}
 
 
 def task_statistics(table) -> dict:
@@ -74,31 +185,6 @@ def storey_pi0(p, lam: float = 0.5) -> float:
     return float(min(1.0, np.mean(p > lam) / (1.0 - lam)))
 
 
-def mixture_fraction(t, df, iters: int = 500) -> float:
-    """The members' share by maximum likelihood: t ~ (1 - pi) t_df + pi N(mu, s^2), the null fixed
-    (Student's t, exact under H0), the members' component free (mu >= 0). Counts members whose
-    p-values are only moderately small, which Storey's pi0 (a bound) leaves among the nulls; but
-    it leans on the null's whole shape, Storey's only on its upper half."""
-    from scipy import stats
-
-    t = np.asarray(t, np.float64)
-    df = np.broadcast_to(np.asarray(df, np.float64), t.shape)
-    f0 = stats.t.pdf(t, df)
-    pi, mu, sd = 0.1, max(2.0, float(np.percentile(t, 90))), 1.5
-    for _ in range(iters):
-        f1 = stats.norm.pdf(t, mu, sd)
-        r = pi * f1 / np.maximum(pi * f1 + (1 - pi) * f0, 1e-300)
-        new = float(r.mean())
-        if r.sum() > 1e-9:
-            mu = max(0.0, float((r * t).sum() / r.sum()))
-            sd = max(0.5, float(np.sqrt((r * (t - mu) ** 2).sum() / r.sum())))
-        if abs(new - pi) < 1e-7:
-            pi = new
-            break
-        pi = new
-    return pi
-
-
 def qvalues(p, pi0: float) -> np.ndarray:
     """Storey's q-values: the smallest FDR at which each task would be flagged."""
     p = np.asarray(p, np.float64)
@@ -109,20 +195,28 @@ def qvalues(p, pi0: float) -> np.ndarray:
     return np.minimum(q, 1.0)
 
 
-def null_check(p, lam: float = 0.5) -> dict:
+def null_check(p, lam: float = 0.5, min_upper: int = 20) -> dict:
     """Are the p-values above ``lam`` uniform on (lam, 1]? Under H0 they are, whatever the members
     do (a member's p-value is small), so a rejection says the null itself is off for this target:
-    p-values piled just above lam mean the target prefers originals even where it saw nothing."""
+    p-values piling toward lam mean the target prefers originals even where it saw nothing. Two
+    tests: KS against uniform, and (more powerful against that one-sided drift) a binomial test
+    of the lower half of (lam, 1] against the upper half. Too few p-values above lam to test is a
+    failure too: the null cannot be checked, and a null that cannot be checked is not trusted."""
     from scipy import stats
 
     p = np.asarray(p, np.float64)
     upper = (p[p > lam] - lam) / (1 - lam)
-    if len(upper) < 10:
-        return {"n": int(len(upper)), "ks_p": None, "ok": None,
-                "why": f"only {len(upper)} p-values above {lam}: too few to test the null"}
+    if len(upper) < min_upper:
+        return {"n": int(len(upper)), "ks_p": None, "binomial_p": None, "ok": False,
+                "why": f"only {len(upper)} p-values above {lam} ({min_upper} needed): the null cannot be checked"}
     ks = stats.kstest(upper, "uniform")
-    return {"n": int(len(upper)), "ks_stat": float(ks.statistic), "ks_p": float(ks.pvalue), "ok": bool(ks.pvalue >= 0.01),
-            "mean_upper": float(upper.mean())}
+    low = int((upper <= 0.5).sum())
+    binom = stats.binomtest(low, len(upper), 0.5, alternative="greater").pvalue
+    ok = bool(ks.pvalue >= 0.01 and binom >= 0.01)
+    return {"n": int(len(upper)), "ks_stat": float(ks.statistic), "ks_p": float(ks.pvalue),
+            "binomial_p": float(binom), "lower_half_share": low / len(upper), "ok": ok,
+            **({} if ok else {"why": f"the p-values above {lam} are not uniform (KS p {ks.pvalue:.3g}, "
+                                     f"{low}/{len(upper)} in their lower half, binomial p {binom:.3g})"})}
 
 
 def uniformity(p) -> dict:
@@ -134,15 +228,15 @@ def uniformity(p) -> dict:
     return {"n": int(len(p)), "ks_stat": float(ks.statistic), "ks_p": float(ks.pvalue)}
 
 
-def estimate(table, *, lam: float = 0.5, fdr: float = 0.1, n_boot: int = 1000, seed: int = 0,
+def estimate_rewrites(table, *, lam: float = 0.5, fdr: float = 0.1, n_boot: int = 1000, seed: int = 0,
              min_tasks: int = 30) -> dict:
-    """The route's whole answer: per task p and q, the leaked fraction 1 - pi0 with a bootstrap
+    """The optional rewrite test (theoretical null; see the module doc): per task p and q, 1 - pi0 with a bootstrap
     95% interval, the flagged tasks at the given FDR, the null check, and whether a number may be
     printed (``usable``) or why not."""
     s = task_statistics(table)
     ok = np.isfinite(s["p"])
     p = s["p"][ok]
-    out = {"route": "self-calibrated (original vs rewrites, relative to a reference model)",
+    out = {"route": "rewrite test (original vs renamed rewrites, relative to a reference model, t null)",
            "n_tasks": len(s["task_id"]), "n_tested": int(ok.sum()), "lambda": lam, "fdr": fdr,
            "not_tested": {r: s["why"].count(r) for r in sorted(set(w for w in s["why"] if w))}}
     q = np.full(len(s["p"]), np.nan)
@@ -160,12 +254,11 @@ def estimate(table, *, lam: float = 0.5, fdr: float = 0.1, n_boot: int = 1000, s
     out.update(estimate=1.0 - pi0, ci=[float(lo), float(hi)], pi0=pi0, null_check=check,
                n_flagged=int(flagged.sum()), uniformity=uniformity(p),
                p_histogram=np.histogram(p, bins=10, range=(0, 1))[0].tolist())
-    if check["ok"] is False:
+    if not check["ok"]:
         out.update(usable=False, why_unusable=(
-            f"the null does not hold for this target: its p-values above {lam} are not uniform (KS p = "
-            f"{check['ks_p']:.3g}); it prefers original spellings even where it shows no sign of having read "
-            "them, e.g. because it is a much stronger model than the reference. Choose a reference model "
-            "closer to the target (audit.reference_model)"))
+            f"the null does not hold for this target ({check['why']}): it prefers original spellings even where "
+            "it shows no sign of having read them, e.g. because it learnt more code than the reference model "
+            "did. Choose a reference model closer to the target (audit.reference_model)"))
     else:
         out["usable"] = True
     out["per_task"] = {**s, "q": q, "flagged": flagged}

@@ -184,9 +184,10 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
                                 lambda i: f"planted leak: fine-tuned on {i['rows_in']} tasks"))
     stages.append(StageSpec("collect_target", collect(target_model, planted_members, target_reference(cfg)),
                             lambda i: f"{i.get('rows_out')} tasks, {i.get('exec_status')}"))
-    stages.append(StageSpec("rewrite_scores", rewrite_stage,
-                            lambda i: f"{i['rows_out']} tasks scored against their rewrites "
-                                      f"(reference model {i['reference_model']})"))
+    if a.rewrites:
+        stages.append(StageSpec("rewrite_scores", rewrite_stage,
+                                lambda i: f"{i['rows_out']} tasks scored against their rewrites "
+                                          f"(reference model {i['reference_model']})"))
     if a.corpus:
         stages.append(StageSpec("screen", screen_stage, lambda i: f"{i['rows_out']} samples with a near-duplicate"))
     return stages
@@ -229,19 +230,19 @@ def card_meta(cfg: AuditConfig, tasks: list[dict], base_path: str) -> dict:
                       "digest": content_hash([[t[T.TASK_ID], t[T.REFERENCE]] for t in tasks])},
         "shadow": {"base": cfg.model.base, "base_path": base_path, "finetune": cfg.shadow.model_dump(),
                    "shadow_seed": cfg.audit.shadow_seed},
-        "collection": collection_settings(cfg),
+        "collection": collection_settings(cfg, reference_for(cfg, cfg.model.base)),
         "validation_share": cfg.audit.validation_share, "calibration_method": cfg.audit.calibration,
         "fpr": cfg.audit.fpr, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
 
-def collection_settings(cfg: AuditConfig) -> dict:
+def collection_settings(cfg: AuditConfig, reference: str) -> dict:
     """The settings a detector's features depend on: a card applied to a collection made
     otherwise sees other feature distributions."""
     s = cfg.sample
     return {"k": s.k, "temperature": s.temperature, "top_p": s.top_p, "max_new_tokens": s.max_new_tokens,
             "embed": cfg.embed.model_dump(),
-            "reference_model": None if cfg.columns.reference_model is None else cfg.audit.reference_model,
+            "reference_model": None if cfg.columns.reference_model is None else reference,
             "upper_case": cfg.columns.upper_case}
 
 
@@ -305,7 +306,7 @@ def card_mismatches(card: DetectorCard, cfg: AuditConfig, tasks: list[dict]) -> 
     if card.meta["benchmark"]["name"] != cfg.benchmark.name:
         out.append(f"the card was built on {card.meta['benchmark']['name']}, not {cfg.benchmark.name}: "
                    "its calibration transfers only as far as the benchmarks resemble each other")
-    mine, theirs = collection_settings(cfg), card.meta.get("collection", {})
+    mine, theirs = collection_settings(cfg, target_reference(cfg)), card.meta.get("collection", {})
     differ = sorted(k for k in mine if theirs.get(k) != mine[k])
     if differ:
         out.append(f"collection settings differ from the card's ({', '.join(differ)}): features may shift")

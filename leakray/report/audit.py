@@ -116,7 +116,7 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
     val_y, val_s = card.val_scores(primary)
     card_result = card_estimate(score, val_y, val_s, prob, float(val_y.mean()), fdr=a.fdr, seed=a.shadow_seed,
                                 n_boot=min(a.bootstrap, 200))
-    selfcal_result = self_calibrated(run_dir, task_ids, a)
+    selfcal_result = self_calibrated(target, a)
     decision = decide(selfcal_result, card_result, a.route)
     suspected = flags_of(decision, selfcal_result, card_result, len(task_ids)) & ~confirmed
     verdict = np.where(confirmed, "confirmed", np.where(suspected, "suspected", "clean"))
@@ -153,10 +153,11 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
             "card": card.id, "card_path": str(card.path), "primary_detector": primary,
             "leaked_fraction": decision, "inflation": infl,
             "self_calibrated": _public(selfcal_result), "card_route": _public(card_result),
+            "rewrite_test": rewrite_test(run_dir, task_ids, a),
             "crossfit": crossfit, "suspected_means": f"q-value <= {a.fdr} (expected share of false leaks among the "
                                                     "suspected samples), from the route that gave the number",
             "verdicts": {v: int((verdict == v).sum()) for v in VERDICTS},
-            "reference_model": _stage_info(run_dir, "rewrite_scores").get("reference_model"),
+            "reference_model": _stage_info(run_dir, "collect_target").get("reference_model"),
             "shadow_vs_target": shadow_vs_target(card, cfg),
         },
         "detectors": {n: {**{k: dmeta[n]["validation"].get(k) for k in ("auc", "auc_ci", "tpr_at_1fpr", "tpr_at_5fpr",
@@ -201,26 +202,23 @@ def crossfit_scores(card: DetectorCard, task_ids: list[str], scores: dict[str, n
             "why": "learned detectors score only the tasks the card held out from their training"}
 
 
-def self_calibrated(run_dir: Path, task_ids: list[str], a) -> dict | None:
+def self_calibrated(target: pa.Table, a) -> dict:
+    """The self-calibrated route on the target's own collection (its log-probabilities of each
+    solution and the reference model's)."""
+    lr = selfcal.likelihood_ratio(target)
+    return selfcal.estimate_empirical(lr["task_id"], lr["s"], lr["why"], fdr=a.fdr, n_boot=min(a.bootstrap, 300),
+                                      seed=a.shadow_seed, max_width=a.max_width)
+
+
+def rewrite_test(run_dir: Path, task_ids: list[str], a) -> dict | None:
+    """The optional rewrite test (audit.rewrites > 0): reported beside the routes, never the number."""
     path = run_dir / "rewrite_scores" / "rewrite_scores.parquet"
     if not path.exists():
         return None
-    table = pq.read_table(path).to_pylist()
-    by_id = {r["task_id"]: r for r in table}
-    rows = [by_id[t] for t in task_ids if t in by_id]
-    result = selfcal.estimate(rows, lam=a.lam, fdr=a.fdr, n_boot=a.bootstrap, seed=a.shadow_seed)
-    pos = {t: i for i, t in enumerate(task_ids)}
-    full = {}
-    for key in ("p", "q", "t"):
-        v = np.full(len(task_ids), np.nan)
-        for t, x in zip(result["per_task"]["task_id"], result["per_task"][key]):
-            v[pos[t]] = x
-        full[key] = v
-    flagged = np.zeros(len(task_ids), bool)
-    for t, f in zip(result["per_task"]["task_id"], result["per_task"]["flagged"]):
-        flagged[pos[t]] = bool(f)
-    result["per_task"] = {**full, "flagged": flagged}
-    return result
+    by_id = {r["task_id"]: r for r in pq.read_table(path).to_pylist()}
+    res = selfcal.estimate_rewrites([by_id[t] for t in task_ids if t in by_id], lam=a.lam, fdr=a.fdr,
+                                    n_boot=min(a.bootstrap, 300), seed=a.shadow_seed)
+    return {k: v for k, v in res.items() if k != "per_task"}
 
 
 def inflation_null(card: DetectorCard, task_ids: list[str], flagged: np.ndarray, observed: dict, a) -> dict:
@@ -321,12 +319,11 @@ def render_markdown(r: dict) -> str:
     null = i.get("null") or {}
     lines = [
         f"# {r['title']}", "", head, "",
-        f"- self-calibrated route (original solution vs {sc.get('n_tested', 0)} tasks' renamed rewrites, relative to "
-        f"the reference model {s.get('reference_model')}): "
+        f"- self-calibrated route ({sc.get('n_tested', 0)} tasks; likelihood ratio to the reference model "
+        f"{s.get('reference_model')}, null fitted on the target's own scores): "
         + (f"{_f(sc.get('estimate'), True)} ({_f((sc.get('ci') or [None])[0], True)}–"
-           f"{_f((sc.get('ci') or [None, None])[1], True)}); null check KS p "
-           f"{_f((sc.get('null_check') or {}).get('ks_p'))}" if sc else "not run")
-        + ("" if not sc or sc.get("usable") else f" — not used: {sc.get('why_unusable')}"),
+           f"{_f((sc.get('ci') or [None, None])[1], True)})" if sc.get("estimate") is not None else "–")
+        + ("" if sc.get("usable") else f" — not used: {sc.get('why_unusable')}"),
         f"- card route ({s['primary_detector']}, rates off the rows that chose its cut): "
         + (f"{_f(cr.get('estimate'), True)} ({_f(cr['ci'][0], True)}–{_f(cr['ci'][1], True)})"
            if cr.get("estimate") is not None else "–")

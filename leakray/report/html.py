@@ -288,9 +288,8 @@ def _summary_cards(summary: Mapping) -> str:
                          + (f" · confirmed share {pct(lf.get('confirmed_share'))}"
                             if _num(lf.get("confirmed_share")) is not None else ""))
     routes = _card("the two routes", f"{pct(sc.get('estimate'))} / {pct(cr.get('estimate'))}",
-                   "self-calibrated (original vs rewrites; " + (
-                       f"null check KS p {fmt((sc.get('null_check') or {}).get('ks_p'))}" if sc else "not run")
-                   + f") / card ({'transfers' if (cr.get('transfer') or {}).get('ok') else 'does not transfer'})"
+                   f"self-calibrated (reference model {escape(str(summary.get('reference_model')))}) / card ("
+                   + ("transfers" if (cr.get("transfer") or {}).get("ok") else "does not transfer") + ")"
                    + "".join(f"<br>{escape(r)}: {escape(str(x.get('why_unusable')))}"
                              for r, x in (("self-calibrated", sc), ("card", cr)) if x and not x.get("usable")))
     cards = [
