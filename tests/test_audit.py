@@ -1,4 +1,4 @@
-"""`leakray audit`: the leaked-fraction estimators, calibration and inflation on fixed
+"""`leakray audit`: calibration and inflation on fixed
 synthetic inputs, a detector card's save/reuse, and the audit end to end on a local Ray
 (a planted leak, then the same audit again from its card with no fine-tuning)."""
 
@@ -15,49 +15,10 @@ from conftest import ROOT
 from leakray.errors import BadInput
 from leakray.evaluate.calibration import Calibrator, calibration_report, fit_calibrator, reliability
 from leakray.evaluate.inflation import inflation
-from leakray.evaluate.prevalence import adjusted_count, em_prior, estimate_prevalence
 
 
 def _scores(n_pos, n_neg, rng, shift=1.5):
     return np.concatenate([rng.normal(shift, 1, n_pos), rng.normal(0, 1, n_neg)])
-
-
-@pytest.mark.parametrize("truth", [0.0, 0.2, 0.5])
-def test_adjusted_count_recovers_prevalence_where_counting_is_biased(truth):
-    rng = np.random.default_rng(int(truth * 10))
-    val_y = np.r_[np.ones(300, int), np.zeros(300, int)]
-    val_s = _scores(300, 300, rng)
-    n = 600
-    target = _scores(int(truth * n), n - int(truth * n), rng)
-    cal = fit_calibrator(val_y, val_s)
-    est = estimate_prevalence(target, val_y, val_s, cal.predict, n_boot=300, seed=0)
-    assert abs(est["acc"] - truth) < 0.08 and abs(est["em"] - truth) < 0.08
-    assert est["ci"][0] <= truth <= est["ci"][1]
-    if truth == 0.0:  # counting flags the FPR share of a clean benchmark; the correction does not
-        assert est["classify_and_count"] > 0.1 and est["ci"][0] == 0.0
-    assert est["usable"]
-
-
-def test_estimators_on_exact_rates():
-    assert adjusted_count(q=0.3, tpr=0.8, fpr=0.1) == pytest.approx((0.3 - 0.1) / 0.7)
-    assert adjusted_count(q=0.05, tpr=0.8, fpr=0.1) == 0.0  # clipped
-    assert adjusted_count(q=0.4, tpr=0.1, fpr=0.1) == 0.4  # no separation: the raw share, flagged unusable
-    # perfectly calibrated posteriors for prior 0.5 on a target whose prior is 0.2: EM finds 0.2
-    rng = np.random.default_rng(0)
-    y = rng.random(20000) < 0.2
-    s = np.where(y, rng.normal(1, 1, y.size), rng.normal(0, 1, y.size))
-    post = 1 / (1 + np.exp(-(s - 0.5)))  # exact posterior of N(1,1) vs N(0,1) at prior 0.5
-    assert em_prior(post, 0.5) == pytest.approx(0.2, abs=0.02)
-
-
-def test_unusable_detector_is_said():
-    rng = np.random.default_rng(1)
-    val_y = np.r_[np.ones(100, int), np.zeros(100, int)]
-    same = np.r_[np.arange(100.0), np.arange(100.0)]  # members and non-members score alike: no separation
-    est = estimate_prevalence(rng.normal(size=100), val_y, same, n_boot=50)
-    assert not est["usable"] and "raw flagged share" in est["why_unusable"]
-    with pytest.raises(BadInput):
-        estimate_prevalence([1.0], val_y, rng.normal(size=200), method="em")  # EM needs a calibrator
 
 
 @pytest.mark.parametrize("method", ["isotonic", "platt"])

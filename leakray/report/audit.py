@@ -27,7 +27,7 @@ CURVE_POINTS = 200
 
 def choose_primary(card: DetectorCard, usable: list[str], requested: str | None) -> str:
     """The detector behind probabilities and verdicts: the one asked for, else the best
-    shadow-validation AUC among those the target's collection can feed (ties: by name)."""
+    shadow-validation AUC among those the target's collection can feed (ties: unlearned first, then by name)."""
     from leakray.errors import BadInput
 
     if requested:
@@ -38,7 +38,10 @@ def choose_primary(card: DetectorCard, usable: list[str], requested: str | None)
     if not usable:
         raise BadInput("no detector of the card can score this target's collection")
     auc = {n: card.meta["detectors"][n]["validation"].get("auc") or 0.0 for n in usable}
-    return sorted(usable, key=lambda n: (-auc[n], n))[0]
+    # on a tie, a detector that learnt nothing from the shadow's tasks: it scores every target task,
+    # where a learned one (cross-fitted) scores only the tasks the card held out
+    learns = {n: bool(card.meta["detectors"][n]["spec"].get("learns")) for n in usable}
+    return sorted(usable, key=lambda n: (-round(auc[n], 3), learns[n], n))[0]
 
 
 def screening_evidence(run_dir: Path, name: str) -> dict[str, dict]:
@@ -241,12 +244,17 @@ def inflation_null(card: DetectorCard, task_ids: list[str], flagged: np.ndarray,
 
 
 def shadow_vs_target(card: DetectorCard, cfg) -> dict:
+    """Whether the card's shadow and the target share a base: known for a planted target only."""
     shadow = card.meta.get("shadow", {}).get("base")
-    target = (cfg.audit.planted_base or cfg.model.base) if cfg.audit.target == "planted" else cfg.audit.target
-    return {"shadow_base": shadow, "target": target, "differ": shadow != target,
-            "note": None if shadow == target else
-            f"the card's shadow was built on {shadow}, not on the target: the card route holds only if its "
-            "transfer check passes; the self-calibrated route does not depend on the shadow"}
+    planted = cfg.audit.target == "planted"
+    target = (cfg.audit.planted_base or cfg.model.base) if planted else cfg.audit.target
+    differ = (shadow != target) if planted else None
+    note = (None if differ is False else
+            f"the card's shadow was built on {shadow}" + (f", the target on {target}" if planted else
+                                                           "; the target's own base is unknown to the audit")
+            + ": the card route holds only where its transfer check passes; the self-calibrated route does not "
+              "depend on the shadow")
+    return {"shadow_base": shadow, "target": target, "differ": differ, "note": note}
 
 
 def _per_task(result: dict | None, n: int, key: str) -> np.ndarray:
