@@ -27,7 +27,7 @@ CURVE_POINTS = 200
 
 def choose_primary(card: DetectorCard, usable: list[str], requested: str | None) -> str:
     """The detector behind probabilities and verdicts: the one asked for, else the best
-    shadow-validation AUC among those the target's collection can feed (ties: unlearned first, then by name)."""
+    shadow-validation AUC among those the target's collection can feed (ties: by name)."""
     from leakray.errors import BadInput
 
     if requested:
@@ -38,10 +38,7 @@ def choose_primary(card: DetectorCard, usable: list[str], requested: str | None)
     if not usable:
         raise BadInput("no detector of the card can score this target's collection")
     auc = {n: card.meta["detectors"][n]["validation"].get("auc") or 0.0 for n in usable}
-    # on a tie, a detector that learnt nothing from the shadow's tasks: it scores every target task,
-    # where a learned one (cross-fitted) scores only the tasks the card held out
-    learns = {n: bool(card.meta["detectors"][n]["spec"].get("learns")) for n in usable}
-    return sorted(usable, key=lambda n: (-round(auc[n], 3), learns[n], n))[0]
+    return sorted(usable, key=lambda n: (-auc[n], n))[0]
 
 
 def screening_evidence(run_dir: Path, name: str) -> dict[str, dict]:
