@@ -201,9 +201,11 @@ def _no_console_errors(driver):
 
 
 def _probabilities(driver) -> list[float]:
-    return driver.execute_script(
+    return driver.execute_script(  # the column found by its header, not by position
+        "const i = Array.from(document.querySelectorAll('#samples th')).findIndex("
+        "th => th.textContent.trim() === 'probability');"
         "return Array.from(document.querySelectorAll('#samples tbody')).map("
-        "b => parseFloat(b.rows[0].cells[2].getAttribute('data-v')));")
+        "b => parseFloat(b.rows[0].cells[i].getAttribute('data-v')));")
 
 
 def test_audit_report_renders_sorts_and_filters_in_chromium(browser, tmp_path):
