@@ -174,3 +174,16 @@ def test_audit_config_takes_the_other_local_architecture_and_refuses_nonsense():
     for bad in ("audit.reference_model=./no/such/dir", "audit.fdr=1.5", "audit.max_width=0"):
         with pytest.raises(BadInput):
             load_config([AUDIT_DEFAULTS], [bad], AuditConfig)
+
+
+def test_a_cards_few_or_none_does_not_stand_when_a_faint_leak_cannot_be_excluded():
+    """The measured failure: pretraining-mixture targets (25% members, doses 4 and 16) passed the
+    card's transfer check and got 0% [0, 5%]; their own scores fitted one normal."""
+    ambiguous = {"usable": False, "ambiguous": True, "why_unusable": "no group of tasks stands out"}
+    card = {"usable": True, "estimate": 0.0, "ci": [0.0, 0.05]}
+    d = decide(ambiguous, card)
+    assert d["estimate"] is None and "fainter leaks are not excluded" in d["statement"]
+    assert d["strong_leak_share"]["ci"] == [0.0, 0.05]
+    assert decide(ambiguous, card, route="card")["estimate"] == 0.0  # asked for by name: the user's call
+    boundary = {"usable": False, "ambiguous": False, "why_unusable": "half the tasks"}
+    assert decide(boundary, {"usable": True, "estimate": 0.54, "ci": [0.36, 0.73]})["route"] == "card"

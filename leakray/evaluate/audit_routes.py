@@ -7,8 +7,10 @@ Two routes estimate the leaked fraction:
 - **card** (`card_route`): a shadow-trained detector's scores with the card's cut and error rates.
   Holds only where the target's scores are on the shadow's scale (checked by `transfer_check`).
 
-`auto` prints the self-calibrated estimate when its null check holds; else the card's when the
-card transfers; else no number, with the reasons. The verdicts come from the route that printed
+`auto` prints the self-calibrated estimate when its checks hold; else the card's when the card
+transfers — unless the self-calibrated route found the target's scores ambiguous (one normal fits:
+clean, or a faint leak), which no card of a stronger leak can settle; else no number, with the
+reasons. The verdicts come from the route that printed
 the number: 'suspected' is controlled by a false-discovery rate across the benchmark, so a
 benchmark estimated at 0% leaked flags (almost) nothing.
 """
@@ -58,6 +60,20 @@ def decide(selfcal_result: dict | None, card_result: dict | None, route: str = "
     options = {"self-calibrated": selfcal_result, "card": card_result}
     order = ["self-calibrated", "card"] if route == "auto" else [route]
     reasons = []
+    if route == "auto" and selfcal_result and selfcal_result.get("ambiguous") and card_result \
+            and card_result.get("usable"):
+        # The card only knows its shadow's leak (e.g. 15 epochs): members read a few times score like
+        # its non-members, so its "few or none" cannot rule out the faint leak the target's own scores
+        # leave open. Measured: pretraining-mixture targets with 25% members at doses 4 and 16 got
+        # "0% [0, 5%]" from a card route that passed its transfer check (docs/AUDIT.md).
+        lo, hi = card_result["ci"]
+        return {"route": None, "estimate": None, "ci": [None, None], "statement": (
+            "the audit cannot estimate the leaked fraction for this target — its own scores show no separate "
+            f"leaked group, and the card route's {card_result['estimate']:.1%} (95% CI {lo:.1%}–{hi:.1%}) counts "
+            "only leaks as strong as the card's shadow leak: a fainter one (a few exposures in pretraining) "
+            "would look the same. Read it as: at most "
+            f"{hi:.1%} of the tasks leaked that strongly; fainter leaks are not excluded"),
+            "strong_leak_share": {"estimate": card_result["estimate"], "ci": [lo, hi]}}
     for name in order:
         r = options[name]
         if r is None:

@@ -141,7 +141,9 @@ def estimate_empirical(task_ids, s, why, *, fdr: float = 0.1, n_boot: int = 300,
                        "scores look alike)")
     if fit["pi0"] <= 0.5 + 1e-6:
         why_not.append("the fit puts half the tasks in the leaked group, the most its null assumption allows")
-    out.update(usable=not why_not, **({"why_unusable": "; ".join(why_not)} if why_not else {}))
+    # ambiguous: a faint leak cannot be excluded, so no other route's "few or none" may stand either
+    out.update(usable=not why_not, ambiguous=fit["components"] == 1,
+               **({"why_unusable": "; ".join(why_not)} if why_not else {}))
     return {**out, "per_task": per_task}
 
 
