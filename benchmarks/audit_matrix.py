@@ -46,10 +46,9 @@ MEMBER_SEED = 31  # not the audit's default seeds: the audit cannot know the mem
 
 
 def base_path(cfg, which: str) -> str:
-    from leakray.config import to_stage
-    from leakray.models.offline import ensure_base_model
+    from leakray.pipelines.simulate import model_path
 
-    return str(ensure_base_model(to_stage(cfg.model.tiny if which == "tiny" else cfg.model.shadow_tiny))[0])
+    return model_path(cfg, which)
 
 
 def build_target(name: str, spec: tuple, cfg, tasks: list[dict], out: Path) -> dict:

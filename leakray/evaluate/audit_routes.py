@@ -1,9 +1,9 @@
 """Which number an audit prints, and the verdicts that go with it: one story per audit.
 
 Two routes estimate the leaked fraction:
-- **self-calibrated** (`selfcal`): the target's preference for each original solution over renamed
-  rewrites of it, relative to a reference model; its null comes from the target itself, so it needs
-  no shadow that resembles the target. Needs the target's log-probabilities of given text.
+- **self-calibrated** (`selfcal`): the target's likelihood of each solution relative to a reference
+  model, with the null fitted on the target's own scores, so it needs no shadow that resembles the
+  target. Needs the target's log-probabilities of given text.
 - **card** (`card_route`): a shadow-trained detector's scores with the card's cut and error rates.
   Holds only where the target's scores are on the shadow's scale (checked by `transfer_check`).
 

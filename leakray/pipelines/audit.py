@@ -21,7 +21,8 @@ from leakray.console import Console, setup_logging
 from leakray.data.registry import DEFAULT_PATHS
 from leakray.detect.card import DetectorCard
 from leakray.errors import BadInput
-from leakray.pipelines.simulate import base_model, collect_config, load_tasks, preflight_isolation, training_text
+from leakray.pipelines.simulate import (base_model, collect_config, load_tasks, model_path, preflight_isolation,
+                                        training_text)
 from leakray.runs import StageRunner, StageSpec, content_hash, write_json_atomic
 from leakray.storage import RunStore, is_uri, local_copy
 from leakray.schema import C, R, S, T
@@ -212,15 +213,6 @@ def target_reference(cfg: AuditConfig) -> str:
     """The target's reference model: for a planted target one that is not its base; for a given
     target, chosen from the shadow's base (the audit cannot know the target's checkpoints)."""
     return reference_for(cfg, planted_base(cfg) if cfg.audit.target == "planted" else cfg.model.base)
-
-
-def model_path(cfg: AuditConfig, name: str) -> str:
-    """A local model name (tiny, tiny-alt: built and cached here), an HF id or a path."""
-    if name not in LOCAL_MODELS:
-        return name
-    from leakray.models.offline import ensure_base_model
-
-    return str(ensure_base_model(to_stage(cfg.model.tiny if name == "tiny" else cfg.model.shadow_tiny))[0])
 
 
 def card_meta(cfg: AuditConfig, tasks: list[dict], base_path: str) -> dict:

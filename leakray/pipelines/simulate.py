@@ -78,6 +78,16 @@ def base_model(cfg: SimulateConfig, which: str = "base") -> tuple[str, dict]:
     return str(path), stats
 
 
+def model_path(cfg: SimulateConfig, name: str) -> str:
+    """Any model name as a loadable path: a local one (tiny, tiny-alt: built and cached here), an HF
+    id or a path as it is."""
+    if name not in ("tiny", "tiny-alt"):
+        return name
+    from leakray.models.offline import ensure_base_model
+
+    return str(ensure_base_model(to_stage(cfg.model.tiny if name == "tiny" else cfg.model.shadow_tiny))[0])
+
+
 def evaluated_members(members: list[dict], non_members: list[dict], fraction: float, seed: int):
     """Subsample the larger side so members are ``fraction`` of the evaluated tasks (seeded,
     by task); 0.5 keeps both folds whole."""
