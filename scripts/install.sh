@@ -23,3 +23,17 @@ PY=${PYTHON:-python3}
 python -m pip install -q --upgrade pip
 python -c "import torch" 2>/dev/null || python -m pip install -q "torch==2.13.0"
 python -m pip install -q -e ".[dev]"
+# The junit5 runner (NaturalCodeBench's Java tests: Jupiter, and JUnit 4 on the vintage engine) needs one
+# consistent set of JUnit jars; Debian's junit5 package is one (it pulls junit4, hamcrest, opentest4j),
+# and once installed nothing is fetched at run time. Only where a JDK is there and no complete set is.
+if command -v javac >/dev/null 2>&1 && ! python -c "import sys; from leakray.sandbox.java import junit_jars, junit_has_vintage
+j = junit_jars(); sys.exit(0 if j and junit_has_vintage(j) else 1)"; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq junit5) >/dev/null 2>&1 || true
+  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null && command -v apt-get >/dev/null 2>&1; then
+    (sudo -n apt-get update -qq && sudo -n DEBIAN_FRONTEND=noninteractive apt-get install -y -qq junit5) >/dev/null 2>&1 || true
+  fi
+  [ -f /usr/share/java/junit-vintage-engine.jar ] && echo "installed JUnit (Debian's junit5) for the junit5 runner" \
+    || echo "WARNING: no JUnit jars with the vintage engine; JUnit 4 tests under the junit5 runner will be" \
+            "refused (apt-get install junit5, or set LEAKRAY_JUNIT_CLASSPATH)" >&2
+fi

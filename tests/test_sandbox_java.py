@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from leakray.sandbox import Sandbox, SandboxConfig
-from leakray.sandbox.java import java_files, junit_jars, split_units
+from leakray.sandbox.java import java_files, junit_has_vintage, junit_jars, manifest_codebases, split_units
 from leakray.schema import X
 
 pytestmark = pytest.mark.skipif(shutil.which("javac") is None, reason="needs a JDK")
@@ -163,6 +163,76 @@ def test_junit5(sb):
         res = run(sb, prog.replace("return 2 * x;", FORGE_JAVA[attack] + "\n        return x;"), JUNIT_TESTS,
                   runner="junit5")
         assert res[X.STATUS] == "failed" and "AccessControlException" in res[X.STDERR_TAIL], (attack, res)
+
+
+# NaturalCodeBench's Java tests are partly JUnit 4, and many compare Chinese text
+JUNIT4_PROG = ("public class Greeter {\n    public static String greet(String n) { return \"你好，\" + n; }\n"
+               "    public static int utf8Bytes(String s) { return s.getBytes().length; }\n}\n")
+JUNIT4_TESTS = ("import org.junit.Test;\nimport org.junit.Before;\nimport static org.junit.Assert.*;\n\n"
+                "public class GreeterTest {\n    private String name;\n\n    @Before\n"
+                "    public void setUp() { name = \"世界\"; }\n\n"
+                "    @Test\n    public void greets() { assertEquals(\"你好，世界\", Greeter.greet(name)); }\n\n"
+                "    @Test\n    public void defaultCharsetIsUtf8() { assertEquals(6, Greeter.utf8Bytes(\"中文\")); }\n}\n")
+
+
+def _vintage_jars(sb):
+    jars = junit_jars(sb.config.junit_classpath)
+    if not jars or not junit_has_vintage(jars):
+        pytest.skip("no JUnit 4 + vintage jars offline (scripts/install.sh installs Debian's junit5)")
+    return jars
+
+
+@pytest.mark.slow
+def test_junit4_classes_run_on_the_vintage_engine(sb):
+    _vintage_jars(sb)
+    res = run(sb, JUNIT4_PROG, JUNIT4_TESTS, runner="junit5")
+    assert res[X.STATUS] == "passed", res
+    # the engine must have had every permission it needs, or it warns and degrades
+    assert "AccessControlException" not in res[X.STDERR_TAIL], res
+    res = run(sb, JUNIT4_PROG.replace("你好，", "您好，"), JUNIT4_TESTS, runner="junit5")
+    assert res[X.STATUS] == "failed" and "greets" in res[X.STDERR_TAIL], res
+    res = run(sb, JUNIT4_PROG.replace("s.getBytes()", "s.getBytes(java.nio.charset.StandardCharsets.UTF_16BE)"),
+              JUNIT4_TESTS, runner="junit5")
+    assert res[X.STATUS] == "failed", res
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attack", ["proc_self_mem", "unsafe", "reflection_on_harness"])
+def test_junit4_tests_get_no_more_permission_than_jupiter(sb, attack):
+    _vintage_jars(sb)
+    prog = JUNIT4_PROG.replace('return "你好，" + n;', FORGE_JAVA[attack] + '\n        return "";')
+    res = run(sb, prog, JUNIT4_TESTS, runner="junit5")
+    assert res[X.STATUS] == "failed" and "refused: java.security.AccessControlException" in res[X.STDERR_TAIL], res
+
+
+def test_junit4_without_the_vintage_engine_says_so(sb):
+    jars = [j for j in _vintage_jars(sb) if "vintage" not in j and "junit4" not in j and "junit-4" not in j]
+    sb2 = Sandbox(SandboxConfig(timeout_s=10, junit_classpath=":".join(jars)))
+    res = run(sb2, JUNIT4_PROG, JUNIT4_TESTS, runner="junit5")
+    assert res[X.STATUS] == "error" and "vintage" in res[X.STDERR_TAIL], res
+
+
+def _jar(path, class_path=None):
+    import zipfile
+    with zipfile.ZipFile(path, "w") as z:
+        manifest = "Manifest-Version: 1.0\r\n"
+        if class_path is not None:  # wrapped as jar tools write it: 72 bytes a line, continued after a space
+            line = "Class-Path: " + class_path
+            manifest += "\r\n ".join(line[i:i + 70] for i in range(0, len(line), 70)) + "\r\n"
+        z.writestr("META-INF/MANIFEST.MF", manifest + "Created-By: test\r\n\r\n")
+
+
+def test_manifest_codebases_follow_class_path_transitively(tmp_path):
+    share, bound = tmp_path / "share", "/tmp/.junit"
+    share.mkdir()
+    _jar(share / "dep-one-with-a-long-name-so-the-manifest-wraps.jar", "dep-two.jar missing.jar")
+    _jar(share / "dep-two.jar")
+    _jar(share / "lone.jar")
+    _jar(share / "engine.jar", f"{share}/dep-one-with-a-long-name-so-the-manifest-wraps.jar sibling.jar "
+                               "http://example.invalid/x.jar")
+    got = manifest_codebases([str(share / "engine.jar"), str(share / "lone.jar")], bound)
+    # sibling.jar resolves beside the bound copy (granted already); missing.jar and the URL load nothing
+    assert got == [f"{share}/dep-one-with-a-long-name-so-the-manifest-wraps.jar", f"{share}/dep-two.jar"]
 
 
 def test_jdk_without_security_manager_is_refused(sb, monkeypatch):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import zipfile
 
 _TYPE = re.compile(r"\b(class|interface|enum|record)\s+([A-Za-z_$][\w$]*)")
 
@@ -219,33 +220,106 @@ grant {
     permission java.lang.RuntimePermission "getenv.*";
 };
 """
+def _manifest_class_path(jar: str) -> list[str]:
+    try:
+        with zipfile.ZipFile(jar) as z:
+            text = z.read("META-INF/MANIFEST.MF").decode("utf-8", "replace")
+    except (OSError, KeyError, zipfile.BadZipFile):
+        return []
+    text = re.sub(r"\r?\n ", "", text)  # a manifest continues a header on lines that begin with a space
+    match = re.search(r"^Class-Path:(.*)$", text, re.M)
+    return match.group(1).split() if match else []
+
+
+def manifest_codebases(jars: list[str], bound_dir: str) -> list[str]:
+    """The jars outside `bound_dir` that the JVM also loads through the `Class-Path` of the jars'
+    manifests, transitively. Debian's JUnit jars name their dependencies by absolute path
+    (/usr/share/java/...), and the class loader searches a jar's manifest entries right after that jar,
+    before the rest of -cp: JUnit's classes then come from there, and need the harness's grant there too."""
+    out, seen = [], set()
+    stack = [(os.path.join(bound_dir, os.path.basename(j)), j) for j in jars]
+    while stack:
+        seen_as, real = stack.pop()
+        for entry in _manifest_class_path(real):
+            entry = entry.removeprefix("file:")
+            if ":" in entry.split("/", 1)[0]:  # another URL scheme: nothing to load offline
+                continue
+            target = os.path.normpath(entry if entry.startswith("/") else os.path.join(os.path.dirname(seen_as), entry))
+            if target.startswith(bound_dir + "/") or target in seen or not os.path.isfile(target):
+                continue  # granted already, or a name the JVM skips because nothing is there
+            seen.add(target)
+            out.append(target)
+            stack.append((target, target))
+    return out
+
+
+def policy(trusted_jars: list[str] = ()) -> str:
+    """POLICY, plus AllPermission for each of `trusted_jars` (JUnit's own, by the path the JVM loads it from)."""
+    return POLICY + "".join(f'grant codeBase "file:{j}" {{ permission java.security.AllPermission; }};\n'
+                            for j in trusted_jars)
+
+
 HARNESS_CLASSES = ("LeakrayHarness.class", "LeakrayReport.class")  # no nested classes: nothing else to move
 
-# JUnit 5 (Jupiter) pinned; the launcher API is driven by JUNIT_HARNESS, so the console launcher
-# jar is not needed. Versions that ship together; opentest4j/apiguardian are their dependencies.
+# JUnit pinned as one release train; the launcher API is driven by JUNIT_HARNESS, so the console
+# launcher jar is not needed. JUnit 4 test classes (NaturalCodeBench's Java tests are a mix) run on the
+# vintage engine beside Jupiter, so JUnit 4 and its hamcrest are part of the set; opentest4j and
+# apiguardian are the platform's own dependencies. An engine from another train than the platform
+# refuses to start, so a set is taken whole or not at all.
 JUNIT_ARTIFACTS = (
     ("org/junit/jupiter/junit-jupiter-api", "5.10.2"),
     ("org/junit/jupiter/junit-jupiter-engine", "5.10.2"),
     ("org/junit/jupiter/junit-jupiter-params", "5.10.2"),
+    ("org/junit/vintage/junit-vintage-engine", "5.10.2"),
     ("org/junit/platform/junit-platform-commons", "1.10.2"),
     ("org/junit/platform/junit-platform-engine", "1.10.2"),
     ("org/junit/platform/junit-platform-launcher", "1.10.2"),
     ("org/opentest4j/opentest4j", "1.3.0"),
     ("org/apiguardian/apiguardian-api", "1.1.2"),
+    ("junit/junit", "4.13.2"),
+    ("org/hamcrest/hamcrest-core", "1.3"),
 )
+# Debian's `junit5` package (which pulls junit4, hamcrest, opentest4j, apiguardian) installs one
+# consistent train under /usr/share/java; scripts/install.sh installs it where Maven Central is out of
+# reach, as it is for the sandbox's other system dependencies.
+DEBIAN_JARS = ("junit-jupiter-api", "junit-jupiter-engine", "junit-jupiter-params", "junit-vintage-engine",
+               "junit-platform-commons", "junit-platform-engine", "junit-platform-launcher", "opentest4j",
+               "apiguardian-api", "junit4", "hamcrest")
+# The Jupiter-only subset of the Maven set: JUnit 5 classes still run where the vintage engine is
+# missing, and a JUnit 4 class then fails to compile, saying which imports it lacks.
+JUPITER_ONLY = tuple(a for a in JUNIT_ARTIFACTS if "vintage" not in a[0] and a[0] not in (
+    "junit/junit", "org/hamcrest/hamcrest-core"))
 
 
-def junit_jars(configured: str | None = None) -> list[str] | None:
-    """The pinned JUnit 5 jars: from config, $LEAKRAY_JUNIT_CLASSPATH, or a local Maven repository."""
-    spec = configured or os.environ.get("LEAKRAY_JUNIT_CLASSPATH")
-    if spec:
-        jars = [j for part in spec.split(os.pathsep) for j in sorted(glob.glob(part))]
-        return jars or None
-    repo = os.path.expanduser(os.environ.get("LEAKRAY_M2_REPO", "~/.m2/repository"))
+def _maven_set(repo: str, artifacts) -> list[str] | None:
     jars = []
-    for artifact, version in JUNIT_ARTIFACTS:
+    for artifact, version in artifacts:
         jar = f"{repo}/{artifact}/{version}/{artifact.rsplit('/', 1)[1]}-{version}.jar"
         if not os.path.isfile(jar):
             return None
         jars.append(jar)
     return jars
+
+
+def _debian_set(root: str) -> list[str] | None:
+    jars = [f"{root}/{name}.jar" for name in DEBIAN_JARS]
+    return jars if all(os.path.isfile(j) for j in jars) else None
+
+
+def junit_jars(configured: str | None = None) -> list[str] | None:
+    """The JUnit jars: from config or $LEAKRAY_JUNIT_CLASSPATH; else the pinned set in the local Maven
+    repository, Debian's set, or (no vintage engine anywhere) the Jupiter-only Maven set."""
+    spec = configured or os.environ.get("LEAKRAY_JUNIT_CLASSPATH")
+    if spec:
+        jars = [j for part in spec.split(os.pathsep) for j in sorted(glob.glob(part))]
+        return jars or None
+    repo = os.path.expanduser(os.environ.get("LEAKRAY_M2_REPO", "~/.m2/repository"))
+    return (_maven_set(repo, JUNIT_ARTIFACTS) or _debian_set(os.environ.get("LEAKRAY_JAVA_SHARE", "/usr/share/java"))
+            or _maven_set(repo, JUPITER_ONLY))
+
+
+def junit_has_vintage(jars: list[str]) -> bool:
+    """Whether JUnit 4 test classes can run on these jars (the vintage engine and JUnit 4's API)."""
+    names = [os.path.basename(os.path.realpath(j)) for j in jars]
+    return any(n.startswith("junit-vintage-engine") for n in names) and any(
+        n.startswith(("junit-4", "junit4")) for n in names)

@@ -18,7 +18,11 @@ from leakray.sandbox.config import SandboxConfig
 
 HARNESS_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness_py.py")
 COMPILE_ERROR_RC = 97  # the run script's exit code when javac refuses the sources
+JUNIT_DIR = "/tmp/.junit"  # where the jars are bound; java.POLICY grants it
 RUN_TIMEOUT_RC = 124  # coreutils `timeout`: the Java program outlived its own limit
+
+
+_JUNIT4_IMPORT = re.compile(r"^\s*import\s+(static\s+)?org\.junit\.(?!jupiter\b|platform\b)", re.M)
 
 
 class RunnerError(ValueError):
@@ -81,23 +85,29 @@ def java_plan(mode: str, program: str, tests: str, cfg: SandboxConfig, timeout: 
     if mode == "junit5":
         jars = J.junit_jars(cfg.junit_classpath)
         if not jars:
-            raise RunnerError("junit5 needs JUnit 5 jars: set LEAKRAY_JUNIT_CLASSPATH or SandboxConfig."
-                              "junit_classpath (none found in ~/.m2)")
+            raise RunnerError("junit5 needs JUnit jars: run scripts/install.sh (Debian's junit5), or set "
+                              "LEAKRAY_JUNIT_CLASSPATH or SandboxConfig.junit_classpath (none found in ~/.m2 "
+                              "or /usr/share/java)")
+        if _JUNIT4_IMPORT.search(tests) and not J.junit_has_vintage(jars):
+            raise RunnerError("these tests are JUnit 4 (org.junit.*), which needs JUnit 4 and the vintage "
+                              "engine beside Jupiter: run scripts/install.sh (Debian's junit5) or add them to "
+                              "LEAKRAY_JUNIT_CLASSPATH")
         # bound under the work dir: the jars' own parents (~/.m2, mode 0750) are closed to the run's uid
-        binds = [(os.path.realpath(j), f"/tmp/.junit/{os.path.basename(j)}") for j in jars]
+        binds = [(os.path.realpath(j), f"{JUNIT_DIR}/{os.path.basename(j)}") for j in jars]
+        trusted = J.manifest_codebases(jars, JUNIT_DIR)
         test_classes = J.type_names(tests)
         if not test_classes:
             raise RunnerError("no top-level class in the JUnit tests")
         harness, cp, extra = J.JUNIT_HARNESS, ":".join(b[1] for b in binds), test_classes
     else:
-        harness, cp, extra = J.MAIN_HARNESS, "", []
+        harness, cp, extra, trusted = J.MAIN_HARNESS, "", [], []
     files = J.java_files(program, tests)
     for name in files:  # the harness's classes get every permission by where they live: keep the names ours
         if name.startswith("Leakray"):
             raise RunnerError(f"the sources define a type with the reserved prefix Leakray ({name[:-5]})")
     files["LeakrayHarness.java"] = harness
     files["LeakrayReport.java"] = J.REPORT
-    files["leakray.policy"] = J.POLICY
+    files["leakray.policy"] = J.policy(trusted)
     sources = sorted(f for f in files if f.endswith(".java"))
     jflags = _jvm_flags(cfg, "-J")
     archive = cds.javac_archive(_java_bin(cfg, "javac"), jflags)
@@ -108,7 +118,10 @@ def java_plan(mode: str, program: str, tests: str, cfg: SandboxConfig, timeout: 
              "UTF-8", "-d", "classes"] + (["-cp", cp] if cp else []) + sources
     # the harness's classes leave the program's class dir for .h/, which only they may use; the
     # program runs in run/, the one place it may write
-    java = [_java_bin(cfg, "java"), *_jvm_flags(cfg), "-Djava.security.manager",
+    # javac reads the sources as UTF-8 whatever the locale; the run's default charset is pinned to UTF-8
+    # as well rather than left to the locale the isolation sets, so getBytes(), readers and printing of
+    # non-ASCII text (NCB's Chinese expected values) behave as under upstream's UTF-8 images
+    java = [_java_bin(cfg, "java"), *_jvm_flags(cfg), "-Dfile.encoding=UTF-8", "-Djava.security.manager",
             '-Djava.security.policy==$W/leakray.policy', "-Dleakray.work=$W", "-Djava.io.tmpdir=$W/run",
             "-cp", "$W/.h:$W/classes" + (":" + cp if cp else ""), "LeakrayHarness", "{fd}", *extra]
     # javac gets the compile grace; the program only its own timeout (coreutils exits 124 on expiry)
