@@ -12,7 +12,8 @@ from conftest import SHARED_BENCHMARKS
 
 from leakray.data.registry import load_benchmark, sniff_reader
 from leakray.data.tasks import continuation, program_of
-from leakray.models.stops import BODY, MODULE, Scope, completion_scope, stop_rule_breaks, stop_strings, truncate
+from leakray.models.stops import (BODY, MODULE, Scope, completion_scope, server_stops, stop_rule_breaks, stop_strings,
+                                  truncate)
 from leakray.schema import T, X
 
 FIX = Path(__file__).parent / "fixtures"
@@ -70,7 +71,7 @@ def test_python_module_keeps_a_whole_program_and_ends_at_a_new_task():
     assert truncate(prompt, program, "python") == program
     more = program + '\n\n"""\nWrite another function.\n"""\ndef g():\n'
     assert truncate(prompt, more, "python") == program
-    assert '\n"""' in stop_strings(prompt, "python")
+    assert any(stop in more for stop in stop_strings(prompt, "python"))
     assert "\ndef " not in stop_strings(prompt, "python")  # helpers must not stop a module
 
 
@@ -90,6 +91,53 @@ def test_java_module_keeps_every_class():
     assert truncate(prompt, program + "\n/*\nNext task.\n*/\nclass C {}\n", "java") == program
     tail = "\nclass C { int y; } // done\n"
     assert truncate(prompt, tail + "/*\nNext.\n*/\n", "java") == tail  # after a line comment too
+
+
+# Programs that open with their own header, and strings that span lines: none is a new task
+PY_MODULE = '"""\nWrite template_line(i).\n"""\n'
+JAVA_MODULE = "/*\nGreet every name.\n*/\n"
+PY_HEADERS = [
+    '"""Lookup of template lines."""\nimport re\n\n\ndef f():\n    return 1\n',
+    '"""\nModule notes, laid out as a task is.\n"""\n\n\ndef f():\n    return 1\n',
+    'TEMPLATE = """\nalpha\n"""\nOTHER = """\nbeta\n"""\n\n\ndef f():\n    return TEMPLATE\n',
+    '# a comment first\n"""Docstring after a comment."""\nX = 1\n',
+]
+JAVA_HEADERS = [
+    "/*\n * Licence header.\n */\nimport java.util.List;\n\npublic class A {\n}\n",
+    "/* one line */\n/*\n * and a block\n */\npublic class A {\n    /* inside */\n}\n",
+    "// a line comment\n/*\nlaid out as a task is\n*/\nclass A {\n}\n\nclass B {\n}\n",
+]
+
+
+@pytest.mark.parametrize("program", PY_HEADERS)
+def test_python_module_header_and_strings_are_not_a_new_task(program):
+    cont = "\n" + program
+    assert truncate(PY_MODULE, cont, "python") == cont
+    assert not stop_rule_breaks(PY_MODULE, program, "python")
+    nxt = cont + '\n\n"""\nWrite another function.\n"""\ndef g():\n    pass\n'
+    assert truncate(PY_MODULE, nxt, "python") == cont  # after code, a new task still ends it
+    # generation stops after the program's last code and before the new task, and the cut keeps it all
+    at, stop = min((nxt.find(stop), stop) for stop in stop_strings(PY_MODULE, "python") if stop in nxt)
+    assert len(cont.rstrip()) <= at and truncate(PY_MODULE, nxt[:at + len(stop)], "python") == cont
+
+
+@pytest.mark.parametrize("program", JAVA_HEADERS)
+def test_java_module_header_comments_are_not_a_new_task(program):
+    cont = "\n" + program
+    assert truncate(JAVA_MODULE, cont, "java") == cont
+    assert not stop_rule_breaks(JAVA_MODULE, program, "java")
+    nxt = cont + "\n/*\nNext task.\n*/\nclass C {}\n"
+    assert truncate(JAVA_MODULE, nxt, "java") == cont
+    at, stop = min((nxt.find(stop), stop) for stop in stop_strings(JAVA_MODULE, "java") if stop in nxt)
+    assert nxt[:at + 2] == cont.rstrip("\n")  # the stop begins at the last class's closing brace
+    assert truncate(JAVA_MODULE, nxt[:at + len(stop)], "java") == cont
+
+
+def test_stops_a_server_may_drop_are_those_the_unit_keeps_nothing_of():
+    assert server_stops(PY_MODULE, "python") == stop_strings(PY_MODULE, "python")
+    assert server_stops(HE, "python") == stop_strings(HE, "python")
+    # a server drops the stop's text: Java's closing braces belong to the unit
+    assert server_stops(JAVA_MODULE, "java") == [] and server_stops("class A {\n  int f() {\n", "java") == []
 
 
 def test_breaks_are_detected():

@@ -50,7 +50,7 @@ from urllib.parse import urlsplit
 from leakray.data.tasks import continuation, generation_prompt, program_of
 from leakray.models.sampler import (REF_LOSS_NO_CONTINUATION, RefScores, Samples, n_completions,
                                     scores_from_logprobs, task_seed)
-from leakray.models.stops import cut_point, stop_strings
+from leakray.models.stops import cut_point, server_stops
 
 log = logging.getLogger(__name__)
 
@@ -207,9 +207,7 @@ class EndpointSampler:
 
     def _sample_one(self, prompt: str, lang: str, key: str, k: int, temperature: float, top_p: float) -> Samples:
         base = generation_prompt(prompt)
-        # only stops whose removal from the text loses nothing the cut keeps (not Java's
-        # closing "\n}", which the cut includes)
-        stops = [s for s in stop_strings(prompt, lang) if cut_point(prompt, s, lang) < len(s)][:_MAX_STOPS]
+        stops = server_stops(prompt, lang)[:_MAX_STOPS]
         payload = {"model": self.model, "prompt": base, "n": k, "max_tokens": self.cfg.max_new_tokens,
                    "temperature": temperature, "top_p": top_p,
                    "seed": task_seed(self.cfg.seed, key)}

@@ -12,7 +12,9 @@ see `leakray.data.tasks`). What it must add depends on where that prompt stops:
   the task: MBPP, ClassEval, NaturalCodeBench, APPS, EvoCodeBench without a signature).
   The completion is a whole program (imports, helpers, classes), so only a new top-level
   task description ends it: a top-level triple-quoted string (Python) or a plain ``/*``
-  block comment (Java, not ``/**`` javadoc); otherwise it runs to end of sequence.
+  block comment (Java, not ``/**`` javadoc), *after the program's first code line*: a
+  program may open with its own header (a licence block, a module docstring), which is
+  not a new task; otherwise it runs to end of sequence.
 
 `cut_point`/`truncate` apply the rule exactly. `stop_strings` are only what lets
 generation stop early; each one marks a point where `truncate` would also cut, and none
@@ -30,9 +32,14 @@ BODY, MODULE = "body", "module"
 # Early stops, all lines that start at column 0: each is a top-level statement that ends a
 # body (the exact cut, after comments, is `cut_point`'s).
 _PY_BODY_STOPS = ("\ndef ", "\nclass ", "\nif ", "\nprint(", "\nassert ", "\n@", '\n"""', "\nfrom ", "\nimport ")
-_PY_MODULE_STOPS = ('\n"""', "\n'''")
+# A module's stops mark a new task laid out as the prompts are (the opener alone on its line) and
+# carry what comes before it: a blank line (Python), a class's closing brace (Java). A continuation
+# opens with one newline, so a program's own header (a module docstring, a licence block) does not
+# match, nor does the closing quote of a string that spans lines (`X = """` ... `"""` at column 0)
+# unless a blank line ends that string (`stop_rule_breaks` names any reference where that happens).
+_PY_MODULE_STOPS = ('\n\n"""\n', "\n\n'''\n")
 _JAVA_BODY_STOPS = ("\n}",)  # a brace at column 0 closes a class in conventionally laid out code
-_JAVA_MODULE_STOPS = ("\n/*\n",)
+_JAVA_MODULE_STOPS = ("\n}\n/*\n", "\n}\n\n/*\n")
 _DOCSTRING = re.compile(r"[rRbBuU]{0,2}(\"\"\"|''')")
 
 
@@ -116,6 +123,7 @@ def _java_scan(text: str, start: int, module: bool) -> tuple[int | None, int]:
     `start`; a module at the start of a top-level line that opens a plain block comment."""
     depth, i = 0, 0
     in_str = in_char = line_comment = block_comment = False
+    code_seen = False  # in the completion: a module's own leading comments are not a new task
     while i < len(text):
         c, nxt = text[i], text[i + 1: i + 2]
         if line_comment:
@@ -134,17 +142,19 @@ def _java_scan(text: str, start: int, module: bool) -> tuple[int | None, int]:
             line_comment = True
         elif c == "/" and nxt == "*":
             block_comment = True
-        elif c == '"':
-            in_str = True
-        elif c == "'":
-            in_char = True
-        elif c == "{":
-            depth += 1
-        elif c == "}":
-            depth = max(0, depth - 1)
-            if not module and depth == 0 and i >= start:
-                return i + 1, 0
-        if c == "\n" and module and depth == 0 and not block_comment and i + 1 >= start:
+        else:
+            code_seen = code_seen or (i >= start and not c.isspace())
+            if c == '"':
+                in_str = True
+            elif c == "'":
+                in_char = True
+            elif c == "{":
+                depth += 1
+            elif c == "}":
+                depth = max(0, depth - 1)
+                if not module and depth == 0 and i >= start:
+                    return i + 1, 0
+        if c == "\n" and module and depth == 0 and not block_comment and code_seen:
             rest = text[i + 1:i + 200].lstrip(" \t")
             if rest.startswith("/*") and not rest.startswith("/**"):
                 return i + 1, 0
@@ -182,11 +192,14 @@ def cut_point(prompt: str, completion: str, language: str) -> int:
         return len(completion) if end is None else max(0, end - len(base))
     lines = _py_lines(text)
     first = next((k for k, ln in enumerate(lines) if ln.start > len(base)), len(lines))
+    code_seen = False  # a module's docstrings before its first code line are its own header
     for k in range(first, len(lines)):
         ln = lines[k]
-        if ln.kind != "code" or ln.indent > scope.indent:
+        if ln.kind != "code":
             continue
-        if scope.kind == MODULE and not _DOCSTRING.match(ln.head):
+        docstring = _DOCSTRING.match(ln.head)
+        if ln.indent > scope.indent or (scope.kind == MODULE and not (docstring and code_seen)):
+            code_seen = code_seen or not docstring
             continue
         # comment and blank lines just before the end go with what follows it
         while k > first and (lines[k - 1].kind == "blank" or
@@ -207,6 +220,20 @@ def stop_strings(prompt: str, language: str) -> list[str]:
     if language == "java":
         return list(_JAVA_BODY_STOPS if kind == BODY else _JAVA_MODULE_STOPS)
     return list(_PY_BODY_STOPS if kind == BODY else _PY_MODULE_STOPS)
+
+
+def server_stops(prompt: str, language: str) -> list[str]:
+    """The stop strings a server may drop from the text it returns (OpenAI's `stop`): those where the
+    unit ends before any visible character of the stop. Not Java's closing braces, which the unit
+    keeps. Each is tried after a line of the unit's code, as it only ever fires after code."""
+    scope = completion_scope(prompt, language)
+    lead = "\n;" if language == "java" else "\n" + " " * (scope.indent + (4 if scope.kind == BODY else 0)) + "pass"
+    out = []
+    for stop in stop_strings(prompt, language):
+        cut = cut_point(prompt, lead + stop, language)
+        if len(lead) <= cut < len(lead) + len(stop) and not stop[:cut - len(lead)].strip():
+            out.append(stop)
+    return out
 
 
 def stop_rule_breaks(prompt: str, reference: str, language: str) -> list[str]:
