@@ -387,6 +387,62 @@ def test_split_runner_keeps_helpers_and_plain_values(sb):
     assert res[X.STATUS] == "passed", res
 
 
+# MBPP/40, /88, /653, /902 return a Counter or defaultdict and compare it with a dict literal; /533
+# passes a type. The judge rebuilds the standard library's containers and types as its own objects,
+# so these compare as in one process, and `==` is still never the program's code.
+STD_PROG = ("from collections import Counter, defaultdict, OrderedDict, namedtuple, deque\n"
+            "def freq(lists):\n    return Counter(x for l in lists for x in l)\n"
+            "def group(pairs):\n    d = defaultdict(list)\n    for k, v in pairs:\n        d[k].append(v)\n    return d\n"
+            "def ordered():\n    return OrderedDict([('b', 1), ('a', 2)])\n"
+            "P = namedtuple('P', 'x y')\ndef point():\n    return P(1, 2)\n"
+            "def window():\n    return deque([1, 2, 3], maxlen=3)\n"
+            "def remove_datatype(t, data_type):\n    return [e for e in t if not isinstance(e, data_type)]\n"
+            "def kind(x):\n    return type(x)\n"
+            "class Shape:\n    pass\nclass Square(Shape):\n    pass\n"
+            "def make(cls):\n    return cls()\ndef is_a(x, cls):\n    return isinstance(x, cls)\n"
+            "def echo(x):\n    return x\n")
+STD_TESTS = ("from collections import Counter, OrderedDict, defaultdict, deque\n"
+             "assert freq([[1, 2], [2, 3]]) == {1: 1, 2: 2, 3: 1}\n"
+             "assert freq([[1, 2], [2, 3]]) == Counter({2: 2, 1: 1, 3: 1}) and freq([[1]])[9] == 0\n"
+             "assert group([('a', 1), ('b', 2), ('a', 3)]) == {'a': [1, 3], 'b': [2]}\n"
+             "assert ordered() == {'a': 2, 'b': 1} and ordered() != OrderedDict([('a', 2), ('b', 1)])\n"
+             "assert point() == (1, 2) and point().y == 2\n"
+             "assert window() == deque([1, 2, 3]) and window() != [1, 2, 3]\n"
+             "assert remove_datatype((4, 5, 4, 7.7, 1.2), int) == [7.7, 1.2]\n"
+             "assert kind(1) == int and kind('a') is str and kind(1.5) is not int\n"
+             "assert is_a(make(Square), Shape) and not is_a(make(Shape), Square) and kind(make(Square)) == Square\n"
+             "assert echo(Counter('aab')) == {'a': 2, 'b': 1} and echo(defaultdict(int, {1: 2})) == {1: 2}\n")
+
+
+def test_split_runner_compares_stdlib_containers_and_types_as_upstream(sb):
+    assert run(sb, STD_PROG, STD_TESTS)[X.STATUS] == "passed"
+    for wrong in ("for x in l)", "for x in l if x != 3)"), ("d[k].append(v)", "d[k].append(v + 1)"), \
+                 ("('b', 1), ('a', 2)", "('a', 2), ('b', 1)"), ("P(1, 2)", "P(2, 1)"), \
+                 ("not isinstance(e, data_type)", "isinstance(e, data_type)"), ("type(x)", "x"):
+        assert wrong[0] in STD_PROG
+        assert_not_passed(run(sb, STD_PROG.replace(*wrong), STD_TESTS), "failed")
+
+
+@pytest.mark.parametrize("liar", [
+    "class _C(Counter):\n    def __eq__(self, o):\n        return True\n    __hash__ = object.__hash__\n"
+    "def add(a, b):\n    return _C()\n",
+    "class _T(tuple):\n    _fields = ('a',)\n    _make = classmethod(lambda c, it: c(it))\n"
+    "    def __eq__(self, o):\n        return True\n    __hash__ = object.__hash__\n"
+    "def add(a, b):\n    return _T((0,))\n",
+    "class _M(type):\n    def __eq__(cls, o):\n        return True\n    __hash__ = type.__hash__\n"
+    "class _K(metaclass=_M):\n    pass\ndef add(a, b):\n    return _K\n",
+    "class _K:\n    def __eq__(self, o):\n        return True\n"
+    "_K.__module__, _K.__qualname__ = 'builtins', 'int'\ndef add(a, b):\n    return _K()\n",
+    "def add(a, b):\n    d = defaultdict(lambda: 5)\n    return d\n",
+])
+def test_split_runner_lookalike_containers_and_types_cannot_lie(sb, liar):
+    # a subclass or a tuple posing as a namedtuple crosses as its data or as a handle; a class
+    # crosses as the judge's own type or a handle; a factory only fills keys the tests ask for
+    prog = "from collections import Counter, defaultdict\n" + liar
+    assert_not_passed(run(sb, prog, WRONG_TESTS), "failed")
+    assert_not_passed(run(sb, prog, "assert add(1, 1) == {'x': 5}\n"), "failed")
+
+
 def test_channel_must_hold_exactly_one_verdict():
     from leakray.sandbox.core import read_verdict
 
