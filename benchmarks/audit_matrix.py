@@ -46,7 +46,7 @@ MEMBER_SEED = 31  # not the audit's default seeds: the audit cannot know the mem
 
 
 def base_path(cfg, which: str) -> str:
-    from leakray.pipelines.simulate import model_path
+    from leakray.protocols.simulate import model_path
 
     return model_path(cfg, which)
 
@@ -54,8 +54,8 @@ def base_path(cfg, which: str) -> str:
 def build_target(name: str, spec: tuple, cfg, tasks: list[dict], out: Path) -> dict:
     """The target model (cached in out/targets/<key>) and its true members."""
     from leakray.config import to_stage
-    from leakray.pipelines.audit import split_members
-    from leakray.pipelines.simulate import training_text
+    from leakray.protocols.audit import split_members
+    from leakray.protocols.simulate import training_text
     from leakray.runs import write_json_atomic
     from leakray.schema import T
 
@@ -91,7 +91,7 @@ def build_target(name: str, spec: tuple, cfg, tasks: list[dict], out: Path) -> d
 def build_card(which: str, out: Path) -> Path:
     from leakray.config import AUDIT_DEFAULTS, AuditConfig, load_config
     from leakray.console import Console
-    from leakray.pipelines.audit import run_audit
+    from leakray.protocols.audit import run_audit
 
     cfg = load_config([AUDIT_DEFAULTS], SETTINGS + [f"model.base={which}", f"output_dir={out / 'runs'}"], AuditConfig)
     return run_audit(cfg, Console(stream=LOG), card_only=True)
@@ -108,7 +108,7 @@ def flaky(body: dict, n: int) -> str | None:
 def audit(target: dict, spec: tuple, card: Path, out: Path, reference: str) -> Path:
     from leakray.config import AUDIT_DEFAULTS, AuditConfig, load_config
     from leakray.console import Console
-    from leakray.pipelines.audit import run_audit
+    from leakray.protocols.audit import run_audit
 
     overrides = SETTINGS + [f"audit.card={card}", f"audit.target={target['path']}", f"output_dir={out / 'runs'}",
                             f"audit.reference_model={reference}"]
@@ -130,7 +130,7 @@ def oracle_selfcal(run_dir: Path, cfg, oracle: str) -> dict:
     from leakray.config import to_stage
     from leakray.evaluate import selfcal
     from leakray.models.sampler import SampleConfig
-    from leakray.pipelines.rewrite_scores import score_texts
+    from leakray.protocols.rewrite_scores import score_texts
     from leakray.schema import C
 
     table = pq.read_table(run_dir / "collect_target" / "collection.parquet")
@@ -214,7 +214,7 @@ def main() -> None:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from leakray.config import AUDIT_DEFAULTS, AuditConfig, load_config
-    from leakray.pipelines.simulate import load_tasks
+    from leakray.protocols.simulate import load_tasks
 
     out = Path(args.output).resolve()
     out.mkdir(parents=True, exist_ok=True)

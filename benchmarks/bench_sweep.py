@@ -31,8 +31,8 @@ def fake_finished(cell, seeds: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from leakray.pipelines.detectors import SCORES_SCHEMA
-    from leakray.pipelines.simulate import load_tasks
+    from leakray.protocols.detectors import SCORES_SCHEMA
+    from leakray.protocols.simulate import load_tasks
 
     ids = [t["task_id"] for t in load_tasks(cell.cfg)][::2]
     (cell.run_dir / "detect").mkdir(parents=True, exist_ok=True)
@@ -54,13 +54,13 @@ def main() -> None:
     args = ap.parse_args()
 
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import leakray.sweep.runner, leakray.pipelines.simulate"], check=True)
+    subprocess.run([sys.executable, "-c", "import leakray.protocols.sweep.runner, leakray.protocols.simulate"], check=True)
     imports = time.perf_counter() - t0
 
     import yaml
 
-    from leakray.sweep import catalog
-    from leakray.sweep.spec import plan
+    from leakray.protocols.sweep import catalog
+    from leakray.protocols.sweep.spec import plan
 
     os.environ["LEAKRAY_CODE_VERSION"] = "bench"
     tmp = Path(tempfile.mkdtemp(prefix="bench_sweep"))

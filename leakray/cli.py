@@ -1,6 +1,6 @@
 """leakray: benchmark-leakage detection for code LLMs (screen a corpus, infer membership).
 
-Each stage owns its subcommands in a `cli` module with `register(subparsers)`; modules
+Each group of subcommands is a module of `leakray.commands` with `register(subparsers)`; modules
 listed here must stay light to import (heavy imports go inside the command functions)."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import importlib
 import sys
 
 SUBCOMMAND_MODULES = (
-    "leakray.pipelines.cli",  # demo, simulate
-    "leakray.sandbox.cli",  # execute
-    "leakray.data.cli",  # benchmarks validate
+    "leakray.commands.run",  # demo, simulate, audit, card
+    "leakray.commands.execute",  # execute
+    "leakray.commands.benchmarks",  # benchmarks validate
     "leakray.screen.cli",  # screen
-    "leakray.perturb.cli",  # perturb
-    "leakray.sweep.cli",  # sweep, sweep history, sweep diff
-    "leakray.report.cli",  # compare
+    "leakray.commands.perturb",  # perturb
+    "leakray.commands.sweep",  # sweep, sweep history, sweep diff
+    "leakray.commands.compare",  # compare
 )
 
 

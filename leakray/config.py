@@ -222,7 +222,7 @@ class DetectConfig(Section):
     def _detectors(cls, v):
         from leakray.detect import registry
 
-        known = set(registry.names()) | {"advprompt"}
+        known = set(registry.names())
         for name in [] if v == "all" else v:
             if name not in known:
                 raise ValueError(f"unknown detector {name!r}{_suggest(name, known)}")

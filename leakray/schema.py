@@ -213,3 +213,4 @@ class S:
     PREDICTION = "prediction"  # 0/1
     MEMBER = C.MEMBER
     SEED = "seed"
+    BASELINE_SEED = -1  # the SEED value of seed-free detectors (they are fitted once, not per seed)

@@ -52,7 +52,7 @@ def test_inflation_ratio_and_unbounded_case():
 def test_card_saves_and_reuses_the_same_scores(tmp_path):
     from leakray.config import AUDIT_DEFAULTS, AuditConfig, load_config
     from leakray.detect.card import DetectorCard
-    from leakray.pipelines.card import build_card
+    from leakray.protocols.card import build_card
 
     cfg = load_config([AUDIT_DEFAULTS], ["detect.detectors=[cgmia,ref_loss]", "detect.use_ray_train=false",
                                          "detect.cgmia.epochs=3", "detect.bootstrap=20"], AuditConfig)
@@ -72,7 +72,7 @@ def test_card_saves_and_reuses_the_same_scores(tmp_path):
 
 
 def test_audit_flags_are_config_overrides():
-    from leakray.pipelines.cli import audit_overrides
+    from leakray.commands.run import audit_overrides
     from leakray.cli import build_parser
 
     args = build_parser().parse_args(["audit", "--target", "m/x", "--benchmark", "mbpp=/d/m.jsonl",
@@ -89,7 +89,7 @@ def test_audit_refuses_bad_input(tmp_path):
     assert main(["audit", "--set", "audit.detector=cgmai"]) == 2
 
 
-AUDIT = ["--quick", "--set", "detect.detectors=[ref_loss,min_k,gt_match,cgmia]", "--set", "audit.member_fraction=0.25",
+AUDIT = ["--quick", "--set", "detect.detectors=[ref_loss,min_k,gt_match,cgmia,advprompt,toy]", "--set", "audit.member_fraction=0.25",
          "--set", "columns.upper_case=false", "--set", "detect.trace_memory=false"]
 
 
@@ -98,7 +98,8 @@ AUDIT = ["--quick", "--set", "detect.detectors=[ref_loss,min_k,gt_match,cgmia]",
 def test_audit_end_to_end_then_reuse_card(ray_head, tmp_path, leakray_cache):
     _, _, gcs, env = ray_head
     out = tmp_path / "runs"
-    env = dict(env, LEAKRAY_CACHE=str(leakray_cache))
+    # a detector kept outside leakray (one file + one entry) goes into the card and the audit
+    env = dict(env, LEAKRAY_CACHE=str(leakray_cache), LEAKRAY_DETECTORS="toy=tests/plugins/toy_detector.py:Toy")
 
     def audit(*extra):
         proc = subprocess.run([sys.executable, "-m", "leakray.cli", "audit", *AUDIT, *extra, "--output", str(out),
@@ -120,7 +121,10 @@ def test_audit_end_to_end_then_reuse_card(ray_head, tmp_path, leakray_cache):
         assert "cannot estimate" in lf["statement"] and s["verdicts"]["suspected"] == 0
     else:
         assert lf["route"] == "card" and lf["ci"][0] <= lf["truth"] <= lf["ci"][1]
-    assert s["crossfit"]["detectors"] == ["cgmia"]  # the learned detector scored only held-out tasks
+    assert set(s["crossfit"]["detectors"]) == {"cgmia", "advprompt"}  # learned: scored only held-out tasks
+    card = json.loads((run / "card" / "card.json").read_text())
+    assert {"toy", "advprompt"} <= set(card["detectors"])  # a plug-in and AdvPrompt-MIA are in the card
+    assert {"toy", "advprompt"} <= set(report["truth"]["target_auc"])  # and scored in the audit
     assert report["truth"]["target_auc"]["ref_loss"] >= 0.9  # the planted leak is real
     samples = pq.read_table(run / "samples.parquet").to_pylist()
     assert len(samples) == 32 and {r["verdict"] for r in samples} <= {"confirmed", "suspected", "clean"}

@@ -152,7 +152,7 @@ def test_decide_prefers_the_self_calibrated_route_and_states_when_none_holds():
 
 def test_the_reference_model_is_never_the_targets_own_base_by_default():
     from leakray.config import AUDIT_DEFAULTS, AuditConfig, load_config
-    from leakray.pipelines.audit import reference_for, target_reference
+    from leakray.protocols.audit import reference_for, target_reference
 
     cfg = load_config([AUDIT_DEFAULTS], [], AuditConfig)
     assert cfg.audit.reference_model == "auto"

@@ -38,7 +38,7 @@ class Payload:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     from leakray.evaluate.calibration import fit_calibrator
-    from leakray.pipelines.detectors import evaluate_detectors
+    from leakray.protocols.detectors import evaluate_detectors
     from leakray.schema import S
 
     out = tmp_path_factory.mktemp("card") / "card"

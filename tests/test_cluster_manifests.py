@@ -287,7 +287,7 @@ def test_referenced_objects_exist():
 
 
 def test_the_scheduled_sweep_file_is_a_valid_sweep(tmp_path):
-    from leakray.sweep.spec import read_spec
+    from leakray.protocols.sweep.spec import read_spec
 
     for name in ("raycronjob.yaml", "cronjob.yaml"):
         (cm,) = [d for d in ALL[name] if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "leakray-sweep"]

@@ -5,7 +5,8 @@ import pyarrow as pa
 from leakray.data.humaneval import read_humaneval
 from leakray.data.tasks import continuation
 from leakray.models.sampler import SampleConfig
-from leakray.pipelines.collect import CollectConfig, ExecuteStage, collect_local, finalize, input_table
+from leakray.protocols.collection import collect
+from leakray.stages.collect import CollectConfig, ExecuteStage, finalize, input_table
 from leakray.schema import C, T, collection_schema
 
 
@@ -32,7 +33,7 @@ def test_collect_local_writes_the_collection_schema(tiny_lm):
     members = {tasks[0][T.TASK_ID]}
     table = input_table(tasks, {t[T.TASK_ID]: i for i, t in enumerate(tasks)}, members)
     cfg = CollectConfig(sample=SampleConfig(k=2, max_new_tokens=16, batch_size=2), batch_size=2)
-    out = collect_local(table, str(path), cfg)
+    out = collect(table, str(path), cfg, engine="local")
     assert out.schema.equals(collection_schema())
     assert out.column(C.TASK_ID).to_pylist() == sorted(t[T.TASK_ID] for t in tasks)
     assert out.column(C.MEMBER).to_pylist() == [1, 0, 0]
@@ -83,10 +84,10 @@ class _FlakySampler:
 def test_a_row_that_fails_for_good_goes_to_the_errors_file(tmp_path):
     import pyarrow.parquet as pq
 
-    from leakray.pipelines.collect import SampleStage, collection_stats, score_stage
+    from leakray.stages.collect import SampleStage, collection_stats, score_stage
 
     tasks = _tasks(3)
-    from leakray.pipelines.collect import ExtraColumns
+    from leakray.stages.collect import ExtraColumns
 
     stage = SampleStage.__new__(SampleStage)
     stage.sampler, stage.extra, stage.ref_sampler = _FlakySampler(k=2), ExtraColumns(), None
@@ -117,7 +118,7 @@ class _CrashingSampler(_FlakySampler):
 
 
 def _stage(sampler):
-    from leakray.pipelines.collect import ExtraColumns, SampleStage
+    from leakray.stages.collect import ExtraColumns, SampleStage
 
     stage = SampleStage.__new__(SampleStage)
     stage.sampler, stage.extra, stage.ref_sampler = sampler, ExtraColumns(), None
@@ -127,7 +128,7 @@ def _stage(sampler):
 def test_a_prompt_that_crashes_the_sampler_fails_its_row_alone(tmp_path):
     import pyarrow.parquet as pq
 
-    from leakray.pipelines.collect import collection_stats, score_stage
+    from leakray.stages.collect import collection_stats, score_stage
 
     tasks = _tasks(3)
     sampled = _stage(_CrashingSampler(2, {"HumanEval/0"}))(input_table(tasks, {}, set()))
@@ -146,7 +147,7 @@ def test_a_prompt_that_crashes_the_sampler_fails_its_row_alone(tmp_path):
 def test_a_collection_whose_rows_all_fail_is_refused(tmp_path):
     import pytest
 
-    from leakray.pipelines.collect import AllRowsFailed
+    from leakray.stages.collect import AllRowsFailed
 
     tasks = _tasks(3)
     crash_all = _stage(_CrashingSampler(2, {t[T.TASK_ID] for t in tasks}))
@@ -173,7 +174,7 @@ def _with_completions(tasks, completions):
 
 
 def test_a_program_that_crashes_the_sandbox_harness_goes_to_the_errors_file(tmp_path):
-    from leakray.pipelines.collect import collection_stats, score_stage
+    from leakray.stages.collect import collection_stats, score_stage
     from leakray.schema import X
 
     tasks = _tasks(3)
@@ -220,7 +221,7 @@ def test_fault_barrier_is_a_no_op_unless_set_and_holds_until_released(tmp_path, 
     import threading
     import time
 
-    from leakray.pipelines import collect
+    from leakray.stages import collect
 
     monkeypatch.delenv(collect.FAULT_BARRIER_ENV, raising=False)
     collect.fault_barrier("SampleStage")  # unset: returns at once, writes nothing

@@ -15,14 +15,14 @@ from leakray.detect.baselines import detectleak_scores
 from leakray.detect.cgmia import CGMIAConfig, arrays_from_table, fit_thresholded
 from leakray.errors import BadInput
 from leakray.evaluate.thresholds import choose_threshold
-from leakray.pipelines.detectors import (
+from leakray.protocols.detectors import (
     BASELINE_SEED,
     CGMIA,
     SCORES_SCHEMA,
     evaluate_detectors,
     scores_to_dict,
-    train_cgmia_seeds_on_ray,
 )
+from leakray.executor.detector_train import train_cgmia_seeds_on_ray
 from leakray.schema import S
 
 torch.set_num_threads(1)
@@ -92,7 +92,7 @@ def test_shadow_fpr_rule_holds_on_a_target_with_ten_percent_members():
 
 
 def test_train_cgmia_on_ray_is_one_seed_of_the_seeds_run(monkeypatch):
-    import leakray.pipelines.detectors as mod
+    import leakray.executor.detector_train as mod
 
     seen = {}
 

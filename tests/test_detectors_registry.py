@@ -27,7 +27,7 @@ def _auc(table, name):
 
 def test_registry_lists_every_detector_with_a_valid_spec():
     names = registry.names()
-    assert len(names) == len(set(names)) == 23
+    assert len(names) == len(set(names)) == 24  # advprompt joined the registry
     schema_cols = set(collection_schema().names)
     for name in names:
         spec = registry.spec(name)
@@ -110,3 +110,23 @@ def test_save_load_keeps_params_and_threshold(name, target, tmp_path):
     back = registry.load(det.save(tmp_path / name))
     assert type(back) is type(det) and back.params == det.params and back.threshold_ == th
     np.testing.assert_array_equal(back.score(target), det.score(target))
+
+
+def test_a_detector_kept_outside_leakray_plugs_in_with_one_entry(monkeypatch, target):
+    from pathlib import Path
+
+    plugin = Path(__file__).parent / "plugins" / "toy_detector.py"
+    monkeypatch.setenv(registry.PLUGINS_ENV, f"toy={plugin}:Toy")
+    registry.detector_class.cache_clear()
+    try:
+        assert registry.names()[-1] == "toy" and registry.resolve("all")[-1] == "toy"
+        assert registry.spec("toy").access == "black box"
+        assert len(registry.make("toy").score(target)) == target.num_rows
+        monkeypatch.setenv(registry.PLUGINS_ENV, "ref_loss=x.py:Y")
+        with pytest.raises(BadInput, match="built-in"):
+            registry.names()
+        monkeypatch.setenv(registry.PLUGINS_ENV, "toy")
+        with pytest.raises(BadInput, match="expected name=file.py:Class"):
+            registry.names()
+    finally:
+        registry.detector_class.cache_clear()

@@ -33,7 +33,9 @@ def test_tune_grid_searches_and_picks_the_best_on_shadow_validation(ray_local, t
     target = rich_collection(n=120, seed=2, prefix="u", signal=0.5)
     grids = {"lr": {"grid": {"C": [1e-4, 1.0, 100.0]}}, "dt": {"grid": {"max_depth": [1, 3], "min_samples_leaf": [1]}},
              "rf": {"grid": {"n_estimators": [20], "max_depth": [2, None]}}}
-    fitted = expert_ml.fit_kinds(shadow, ["lr", "dt", "rf"], [0, 1], grids, storage_path=tmp_path)
+    from leakray.executor.tune import tune_trials
+
+    fitted = expert_ml.fit_kinds(shadow, ["lr", "dt", "rf"], [0, 1], grids, storage_path=tmp_path, trials=tune_trials)
     data = {"x": expert_ml.expert_means(shadow), "y": shadow.column(C.MEMBER).to_numpy(),
             "keys": expert_ml.task_keys(shadow), "val_share": expert_ml.VAL_SHARE}
     for kind, dets in fitted.items():
@@ -55,7 +57,7 @@ def test_tune_grid_searches_and_picks_the_best_on_shadow_validation(ray_local, t
 
 
 def test_evaluate_detectors_over_the_registry(ray_local, tmp_path):
-    from leakray.pipelines.detectors import SCORES_SCHEMA, evaluate_detectors, scores_to_dict
+    from leakray.protocols.detectors import SCORES_SCHEMA, evaluate_detectors, scores_to_dict
 
     sch = collection_schema()
     shadow = rich_collection(n=120, seed=1, signal=0.5)
@@ -108,7 +110,7 @@ def test_memory_trace_is_per_detector_and_sees_what_it_allocates(monkeypatch):
     import numpy as np
 
     from leakray.detect.min_k import MinK
-    from leakray.pipelines.detectors import evaluate_detectors
+    from leakray.protocols.detectors import evaluate_detectors
 
     shadow, target = rich_collection(n=40, seed=1), rich_collection(n=40, seed=2, prefix="u")
     fit = MinK.fit
@@ -130,7 +132,7 @@ def test_memory_trace_is_per_detector_and_sees_what_it_allocates(monkeypatch):
 
 
 def test_expert_ablation_covers_all_sixteen_subsets():
-    from leakray.pipelines.detectors import expert_subsets, run_expert_ablation
+    from leakray.protocols.detectors import expert_subsets, run_expert_ablation
 
     masks = expert_subsets()
     assert len(set(masks)) == 16 and masks[0] == (True,) * 4 and masks[-1] == (False,) * 4

@@ -9,10 +9,12 @@ import sys
 import pytest
 from conftest import ROOT, _submit  # ray_head (a real `ray start --head`) is conftest's session fixture
 
+# a detector kept outside leakray: one file + one entry (leakray/detect/registry.py)
+PLUGIN = {"LEAKRAY_DETECTORS": "toy=tests/plugins/toy_detector.py:Toy"}
 # A planted leak strong enough to be seen on 6 + 6 tasks: the members are memorised (25 epochs).
 SMALL = ["--quick", "--set", "target.epochs=25", "--set", "shadow.epochs=25", "--set", "sample.max_new_tokens=128",
          "--set", "detect.cgmia.epochs=50", "--set", "detect.seeds=[0,1]",
-         "--set", "detect.detectors=[cgmia,ref_loss,gt_match,detectleak,min_k,advprompt]",
+         "--set", "detect.detectors=[cgmia,ref_loss,gt_match,detectleak,min_k,advprompt,toy]",
          "--set", "detect.advprompt_ablation=false", "--set", "columns.upper_case=false",
          # what the assertions need, not a measurement: no tracemalloc, fewer bootstrap resamples
          "--set", "detect.trace_memory=false", "--set", "detect.bootstrap=200"]
@@ -36,10 +38,10 @@ def test_screen_job_submit(ray_head, tmp_path):
 def test_simulate_job_submit_then_resume(ray_head, tmp_path, leakray_cache):
     _, _, gcs, env = ray_head
     out, cache = tmp_path / "runs", leakray_cache
-    _submit(ray_head, ["jobs/simulate.py", *SMALL, "--output", str(out)], {"LEAKRAY_CACHE": str(cache)})
+    _submit(ray_head, ["jobs/simulate.py", *SMALL, "--output", str(out)], {"LEAKRAY_CACHE": str(cache), **PLUGIN})
     (run_dir,) = out.iterdir()
     report = json.loads((run_dir / "report.json").read_text())
-    for name in ("cgmia", "detectleak", "advprompt", "min_k"):
+    for name in ("cgmia", "detectleak", "advprompt", "min_k", "toy"):
         m = report["detectors"][name]
         assert set(m) >= {"precision", "recall", "mcc", "auc", "tpr_at_1fpr", "tpr_at_5fpr", "auc_ci", "n_neg"}
     # the planted leak is found: a broken pipeline (features, labels, thresholds) lands near 0.5
@@ -60,7 +62,7 @@ def test_simulate_job_submit_then_resume(ray_head, tmp_path, leakray_cache):
     done_before = {p.parent.name: p.stat().st_mtime for p in run_dir.glob("*/_DONE.json")}
     resumed = subprocess.run(
         [sys.executable, "-m", "leakray.cli", "simulate", *SMALL, "--output", str(out), "--address", gcs],
-        env=dict(env, LEAKRAY_CACHE=str(cache)), capture_output=True, text=True, timeout=300, cwd=ROOT)
+        env=dict(env, LEAKRAY_CACHE=str(cache), **PLUGIN), capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert {p.parent.name: p.stat().st_mtime for p in run_dir.glob("*/_DONE.json")} == done_before
     assert json.loads((run_dir / "report.json").read_text())["detectors"] == report["detectors"]

@@ -57,7 +57,7 @@ def _batch(rows):
 
 
 def test_sandbox_actor_without_ray():
-    from leakray.pipelines.execute import SandboxActor
+    from leakray.executor.sandbox import SandboxActor
 
     actor = SandboxActor({"timeout_s": 5}, threads=2)
     out = actor(_batch([GOOD, BAD, SLOW]))
@@ -70,7 +70,7 @@ def test_sandbox_actor_without_ray():
 def test_execute_dataset_on_ray():
     import ray
 
-    from leakray.pipelines.execute import execute_dataset
+    from leakray.executor.sandbox import execute_dataset
 
     started = not ray.is_initialized()
     if started:

@@ -153,7 +153,7 @@ def test_job_submit_sweep_with_sampler_actor_killed(ray_head, tmp_path, leakray_
     it holds its first batch at the collection's test barrier ($LEAKRAY_FAULT_BARRIER), so
     every kill lands mid-stage by construction; then the class is released and the run goes
     on. The test fails only if rows are lost, duplicated or failed."""
-    from leakray.pipelines.collect import FAULT_BARRIER_ENV
+    from leakray.stages.collect import FAULT_BARRIER_ENV
 
     spec = sweep_file(tmp_path, "job", [{"name": "humaneval", "set": {"detect.seeds": [1]}}])
     out, barrier = tmp_path / "out", tmp_path / "barrier"

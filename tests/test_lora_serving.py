@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 import sys
 import types
-from dataclasses import asdict
 from types import SimpleNamespace as NS
 
 import pytest
@@ -148,20 +147,20 @@ def _runner(tmp_path, info):
 
 
 def _capture(monkeypatch):
-    from leakray.pipelines import collect as col
+    from leakray.protocols import collection
 
     seen = []
-    monkeypatch.setattr(col, "collect_to", lambda table, path, ccfg, out: seen.append((table, path, ccfg)) or {})
+    monkeypatch.setattr(collection, "collect_to", lambda table, path, ccfg, out: seen.append((table, path, ccfg)) or {})
     return seen
 
 
 def _sample_through_stage(table, path, ccfg):
-    """SampleStage as collect_on_ray builds it (model path, asdict of the configs), on the stand-in."""
+    """SampleStage as collect_steps builds it (model path and the typed configs), on the stand-in."""
     import pyarrow as pa
 
-    from leakray.pipelines.collect import SampleStage
+    from leakray.stages.collect import SampleStage
 
-    stage = SampleStage(path, asdict(ccfg.sample), asdict(ccfg.extra))
+    stage = SampleStage(path, ccfg.sample, ccfg.extra)
     out = stage(pa.Table.from_pylist(table.to_pylist()[:2], schema=table.schema))
     return stage, out
 
@@ -180,7 +179,7 @@ def _simulate_cfg(**sample):
 
 @pytest.mark.parametrize("role", ["target", "shadow"])
 def test_simulate_collects_base_engine_with_the_roles_adapter(strict_vllm, tmp_path, monkeypatch, role):
-    from leakray.pipelines.simulate import simulate_stages
+    from leakray.protocols.simulate import simulate_stages
 
     tasks = _tasks()
     adapter = _adapter(tmp_path / "run" / role / "model" / "adapter")
@@ -207,7 +206,7 @@ def test_simulate_collects_base_engine_with_the_roles_adapter(strict_vllm, tmp_p
 
 
 def test_simulate_merge_adapters_samples_the_merged_model(strict_vllm, tmp_path, monkeypatch):
-    from leakray.pipelines.simulate import simulate_stages
+    from leakray.protocols.simulate import simulate_stages
 
     tasks = _tasks()
     runner = _runner(tmp_path, {"base": {"path": "/models/base"},
@@ -224,7 +223,7 @@ def test_simulate_merge_adapters_samples_the_merged_model(strict_vllm, tmp_path,
 
 def test_audit_collects_shadow_and_planted_target_with_their_adapters(strict_vllm, tmp_path, monkeypatch):
     from leakray.config import AuditConfig
-    from leakray.pipelines.audit import audit_stages
+    from leakray.protocols.audit import audit_stages
 
     tasks = _tasks()
     shadow, target = (_adapter(tmp_path / "run" / r / "model" / "adapter") for r in ("shadow", "target"))

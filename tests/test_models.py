@@ -6,7 +6,8 @@ import torch
 
 from leakray.models.finetune import FinetuneConfig, finetune, lora_targets
 from leakray.data.tasks import continuation, generation_prompt, program_of
-from leakray.models.sampler import SampleConfig, make_sampler
+from leakray.models.backends import make_sampler
+from leakray.models.sampler import SampleConfig
 
 PROMPT = 'def add(a, b):\n    """Return a + b."""\n'
 

@@ -6,8 +6,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from leakray.data.humaneval import read_humaneval
-from leakray.pipelines.collect import input_table
-from leakray.pipelines.perturb import attach_variants, kept_summary, prove_batch
+from leakray.stages.collect import input_table
+from leakray.stages.prove import attach_variants, kept_summary, prove_batch
 from leakray.schema import C, T, TASK_SCHEMA
 
 
@@ -47,23 +47,32 @@ def _adv_collection(n: int, seed: int, signal: float) -> pa.Table:
 
 
 def test_advprompt_both_settings_separate_a_planted_signal_and_not_noise():
+    from sklearn.metrics import roc_auc_score
+
+    from leakray.detect import registry
     from leakray.detect.advprompt import AdvPromptConfig
-    from leakray.pipelines.advprompt_eval import evaluate_advprompt
+    from leakray.protocols.advprompt_eval import evaluate_advprompt
 
     small = AdvPromptConfig(epochs=8, batch_size=16)  # the paper's 25 epochs of 4 rows: minutes here
+
+    def shadow_setting_auc(shadow, target):  # the registry detector, as cards and audits run it
+        det = registry.make("advprompt", {"config": small.to_dict()}).fit(shadow, 0)
+        th = det.threshold(shadow, "shadow_max_mcc")
+        assert th["chosen_on"].startswith("shadow, out-of-fold")
+        return roc_auc_score(target.column(C.MEMBER).to_numpy(), det.score(target))
+
     shadow, target = _adv_collection(60, 1, 0.8), _adv_collection(80, 2, 0.8)
+    assert shadow_setting_auc(shadow, target) > 0.85
     res = evaluate_advprompt(shadow, target, [0], threshold_rule="shadow_max_mcc", bootstrap=50, config=small)
-    assert res["median"]["advprompt"]["auc"] > 0.85 and res["median"]["advprompt_graybox"]["auc"] > 0.85
+    assert res["median"]["advprompt_graybox"]["auc"] > 0.85
     assert res["median"]["advprompt_graybox"]["n"] < target.num_rows  # scored on the unknown rows only
-    noise = evaluate_advprompt(_adv_collection(60, 3, 0.0), _adv_collection(80, 4, 0.0), [0],
-                               threshold_rule="shadow_max_mcc", bootstrap=50, config=small)
-    assert 0.3 < noise["median"]["advprompt"]["auc"] < 0.7
+    assert 0.3 < shadow_setting_auc(_adv_collection(60, 3, 0.0), _adv_collection(80, 4, 0.0)) < 0.7
 
 
 def test_advprompt_ablation_names_every_kind_and_feature():
     from leakray.detect.advprompt import FEATURE_NAMES, AdvPromptConfig
     from leakray.perturb.core import KINDS
-    from leakray.pipelines.advprompt_eval import advprompt_ablation
+    from leakray.protocols.advprompt_eval import advprompt_ablation
 
     ab = advprompt_ablation(_adv_collection(40, 5, 0.8), _adv_collection(40, 6, 0.8),
                             config=AdvPromptConfig(epochs=3, batch_size=20, hidden=(32,)))

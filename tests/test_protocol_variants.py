@@ -6,7 +6,7 @@ import json
 import pytest
 
 from leakray.config import load_config
-from leakray.pipelines import simulate
+from leakray.protocols import simulate
 from leakray.storage import local_run_dir
 
 

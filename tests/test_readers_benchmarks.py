@@ -130,7 +130,7 @@ def test_java_references_pass(sb, fixture):
 def _validate(capsys, *argv):
     import argparse
 
-    from leakray.data import cli
+    from leakray.commands import benchmarks as cli
 
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers())

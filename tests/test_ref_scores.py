@@ -22,7 +22,8 @@ from conftest import SHARED_BENCHMARKS, CharTokenizer
 import torch
 
 from leakray.data.tasks import continuation, generation_prompt, program_of
-from leakray.models.sampler import RefScores, SampleConfig, make_sampler, reference_tokens
+from leakray.models.backends import make_sampler
+from leakray.models.sampler import RefScores, SampleConfig, reference_tokens
 from leakray.perturb.case import uppercase_prompt
 from leakray.schema import T
 

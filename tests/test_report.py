@@ -57,7 +57,7 @@ def test_write_report_states_thresholds_degenerate_seeds_negatives_intervals_sta
 
     from cgmia_data import synthetic_collection
     from leakray.detect.cgmia import CGMIAConfig
-    from leakray.pipelines.detectors import evaluate_detectors, scores_to_dict
+    from leakray.protocols.detectors import evaluate_detectors, scores_to_dict
 
     torch.set_num_threads(1)
     shadow = synthetic_collection(n=80, seed=1)

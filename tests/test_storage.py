@@ -200,7 +200,7 @@ def test_s3_run_mirrors_and_resumes(s3_uri, tmp_path, monkeypatch):
 def test_ray_data_workers_write_parts_to_s3_and_every_row_comes_back(s3_uri, ray_with_creds):
     import ray
 
-    from leakray.pipelines.collect import write_parts
+    from leakray.executor.batches import write_parts
 
     store = RunStore(s3_uri, "run-parts")
     stage = store.local / "collect_target"
@@ -220,8 +220,8 @@ def test_ray_train_results_and_a_worker_written_model_reach_s3(s3_uri, ray_with_
 
     from ray import cloudpickle
 
-    from leakray.pipelines import train
-    from leakray.pipelines.train import fit_on_ray
+    from leakray.executor import train
+    from leakray.executor.train import fit_on_ray
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Train workers cannot import tests/
     store = RunStore(s3_uri, "run-train")

@@ -13,12 +13,12 @@ import yaml
 
 from leakray.cli import main
 from leakray.errors import BadInput
-from leakray.pipelines import simulate
-from leakray.pipelines.detectors import SCORES_SCHEMA
+from leakray.protocols import simulate
+from leakray.protocols.detectors import SCORES_SCHEMA
 from leakray.storage import RunStore
-from leakray.sweep import catalog
-from leakray.sweep.runner import run_sweep
-from leakray.sweep.spec import plan
+from leakray.protocols.sweep import catalog
+from leakray.protocols.sweep.runner import run_sweep
+from leakray.protocols.sweep.spec import plan
 
 
 def write_spec(tmp_path, **over) -> str:

@@ -82,3 +82,16 @@ def load_benchmark_file(name: str, path: str | Path) -> list[dict]:
         for task in tasks:
             task[T.BENCHMARK] = name
     return tasks
+
+
+def benchmark_path(name: str, path: str | Path | None = None) -> str:
+    """The file a benchmark is read from (the cleaned export and the screener read it again):
+    the given path, else the registered default, else HumanEval's packaged copy."""
+    path = path or DEFAULT_PATHS.get(name)
+    if path is None and name == "humaneval":
+        from leakray.data.humaneval import packaged_path
+
+        path = packaged_path()
+    if path is None:
+        raise BadInput(f"benchmark {name} needs a path", field="benchmark.path")
+    return str(path)

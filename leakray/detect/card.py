@@ -39,9 +39,7 @@ VERSION = 2  # 2: plain-data detector files with recorded hashes (1: pickles)
 
 def saved_name(name: str, seed: int) -> str:
     """The directory evaluate_detectors saves a fitted detector under."""
-    from leakray.pipelines.detectors import BASELINE_SEED
-
-    return name if seed == BASELINE_SEED else f"{name}-seed{seed}"
+    return name if seed == S.BASELINE_SEED else f"{name}-seed{seed}"
 
 
 class DetectorCard:
@@ -105,15 +103,13 @@ class DetectorCard:
 def write_card(out: Path, *, result: dict, val_table: pa.Table, calibration: dict[str, dict],
                calibration_quality: dict[str, dict], suspect_cuts: dict[str, dict], meta: dict) -> DetectorCard:
     """Finish a card whose detectors ``evaluate_detectors(save_dir=out/detectors)`` saved."""
-    from leakray.pipelines.detectors import BASELINE_SEED
-
     pq.write_table(result["scores"], out / VAL_SCORES)
     first_seed = result["seeds"][0]
     detectors = {}
     for name, metrics in result["median"].items():
         learns = result["specs"][name]["learns"]
         detectors[name] = {
-            "seed": first_seed if learns else BASELINE_SEED, "spec": result["specs"][name],
+            "seed": first_seed if learns else S.BASELINE_SEED, "spec": result["specs"][name],
             "validation": metrics, "calibration": calibration[name], "calibration_quality": calibration_quality[name],
             "suspect_cut": suspect_cuts[name],
         }

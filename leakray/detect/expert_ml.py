@@ -3,7 +3,7 @@ logistic regression, random forest, SVM, naive Bayes, decision tree, MLP.
 
 Features: per task, the means over the k completions of perplexity, CodeBLEU, edit
 distance and pass (the blocks of C.EXPERT), min-max scaled on the rows the model trains on
-(shadow only). Hyper-parameters: a grid search on Ray Tune (``leakray.pipelines.tune``),
+(shadow only). Hyper-parameters: a grid search on Ray Tune (``leakray.executor.tune``),
 each grid point fitted on the shadow's training split and judged by AUC on its validation
 split (``val_share`` of the shadow's tasks, stratified, seeded). The chosen model is the
 one fitted on the training split; its decision threshold is chosen on the validation
@@ -21,6 +21,7 @@ import pyarrow as pa
 from leakray.detect.arrays import list_column
 from leakray.detect.base import Detector, DetectorSpec, labels, split_by_task, task_keys
 from leakray.detect.datafiles import MODEL_FILE, load_sklearn, save_sklearn
+from leakray.detect.grid import TrialRunner, choose, grid_points, local_trials
 from leakray.errors import BadInput
 from leakray.schema import C
 
@@ -101,12 +102,13 @@ def fit_eval(point: Mapping[str, Any], seed: int, data: Mapping[str, Any]) -> fl
 
 
 def fit_kinds(shadow: pa.Table, kinds: Iterable[str], seeds: Iterable[int],
-              params: Mapping[str, Mapping[str, Any]] | None = None, storage_path=None) -> dict[str, list["ExpertML"]]:
-    """Fit several classic models for several seeds with ONE Ray Tune run over all their
-    grid points; ``{kind: [detector per seed]}``. ``val_share`` must agree between kinds
-    (they share the validation split of each seed)."""
+              params: Mapping[str, Mapping[str, Any]] | None = None, storage_path=None,
+              trials: TrialRunner | None = None) -> dict[str, list["ExpertML"]]:
+    """Fit several classic models for several seeds with ONE search over all their grid
+    points; ``{kind: [detector per seed]}``. ``trials`` runs the grid (default in-process;
+    the protocols pass ``executor.tune.tune_trials``, one Ray Tune run). ``val_share`` must
+    agree between kinds (they share the validation split of each seed)."""
     from leakray.detect.registry import detector_class
-    from leakray.pipelines.tune import grid_points, tune_grid
 
     kinds, seeds, params = list(kinds), [int(s) for s in seeds], dict(params or {})
     protos = {k: detector_class(k)(**dict(params.get(k) or {})) for k in kinds}
@@ -115,8 +117,8 @@ def fit_kinds(shadow: pa.Table, kinds: Iterable[str], seeds: Iterable[int],
         raise BadInput(f"classic models must share one val_share, got {sorted(shares)}")
     data = {"x": expert_means(shadow), "y": labels(shadow), "keys": task_keys(shadow), "val_share": shares.pop()}
     points = [pt for k in kinds for pt in grid_points(protos[k].grid(), kind=k)]
-    searched = tune_grid(fit_eval, points, seeds, data, group_key="kind", name="expert-ml",
-                         storage_path=storage_path)
+    found = (trials or local_trials)(fit_eval, points, seeds, data, name="expert-ml", storage_path=storage_path)
+    searched = choose(points, found, seeds, group_key="kind")
     out = {}
     for k in kinds:
         out[k] = []
@@ -143,8 +145,9 @@ class ExpertML(Detector):
 
     @classmethod
     def fit_seeds(cls, shadow: pa.Table, seeds: Iterable[int], params: Mapping[str, Any] | None = None,
-                  storage_path=None, **context: Any) -> list["ExpertML"]:
-        return fit_kinds(shadow, [cls.spec.name], seeds, {cls.spec.name: params or {}}, storage_path)[cls.spec.name]
+                  storage_path=None, trials: TrialRunner | None = None, **context: Any) -> list["ExpertML"]:
+        return fit_kinds(shadow, [cls.spec.name], seeds, {cls.spec.name: params or {}}, storage_path,
+                         trials)[cls.spec.name]
 
     def _fit_chosen(self, data: Mapping[str, Any], seed: int, found: Mapping[str, Any]) -> None:
         self.seed = int(seed)

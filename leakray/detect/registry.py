@@ -1,12 +1,17 @@
 """Every detector leakray runs, by name. Adding one = one module + one line below.
 
 Entries are "module:Class" strings, imported on first use, so listing the registry does
-not import torch or scikit-learn.
+not import torch or scikit-learn. A detector kept outside leakray is the same one file plus
+one entry in ``$LEAKRAY_DETECTORS`` (``name=path/to/file.py:Class`` or
+``name=package.module:Class``, comma-separated): it then runs in simulate reports, cards and
+audits like the built-in ones.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -39,23 +44,56 @@ _ENTRIES = {
     "cnn": "sequence:CNN",
     "lstm": "sequence:LSTM",
     "transformer": "sequence:Transformer",
+    "advprompt": "advprompt_mia:AdvPromptMIA",
     # composites
     "cgmia_ensemble": "cgmia_ensemble:CGMIAEnsemble",
     "leakray_combined": "combined:Combined",
 }
 
 
+PLUGINS_ENV = "LEAKRAY_DETECTORS"
+
+
+def _plugins() -> dict[str, str]:
+    out = {}
+    for item in filter(None, (x.strip() for x in os.environ.get(PLUGINS_ENV, "").split(","))):
+        name, sep, target = item.partition("=")
+        if not sep or ":" not in target or not name.strip():
+            raise BadInput(f"${PLUGINS_ENV}: expected name=file.py:Class or name=module:Class, got {item!r}")
+        if name.strip() in _ENTRIES:
+            raise BadInput(f"${PLUGINS_ENV}: {name.strip()!r} is a built-in detector")
+        out[name.strip()] = target.strip()
+    return out
+
+
+def _entries() -> dict[str, str]:
+    return {**_ENTRIES, **_plugins()}
+
+
 def names() -> list[str]:
-    """Every registered detector, in report order (families as listed above)."""
-    return list(_ENTRIES)
+    """Every registered detector, in report order (families as listed above, then plug-ins)."""
+    return list(_entries())
+
+
+def _import(target: str):
+    module, _, cls = target.rpartition(":")
+    if module.endswith(".py"):  # a plug-in file
+        path = Path(module).resolve()
+        spec = importlib.util.spec_from_file_location(f"leakray_plugin_{path.stem}", path)
+        if spec is None or not path.exists():
+            raise BadInput(f"${PLUGINS_ENV}: no such file", path=str(path))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return getattr(mod, cls)
+    return getattr(importlib.import_module(module if "." in module else f"leakray.detect.{module}"), cls)
 
 
 @lru_cache(maxsize=None)
 def detector_class(name: str) -> type[Detector]:
-    if name not in _ENTRIES:
-        raise BadInput(f"unknown detector {name!r}; known: {', '.join(_ENTRIES)}", field="detect.detectors")
-    module, _, cls = _ENTRIES[name].partition(":")
-    found = getattr(importlib.import_module(f"leakray.detect.{module}"), cls)
+    entries = _entries()
+    if name not in entries:
+        raise BadInput(f"unknown detector {name!r}; known: {', '.join(entries)}", field="detect.detectors")
+    found = _import(entries[name])
     if found.spec.name != name:  # the registry key is the report key: they must agree
         raise RuntimeError(f"registry entry {name!r} points at {found.spec.name!r}")
     return found

@@ -7,6 +7,9 @@ interval resamples tasks within each group."""
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
+
+from leakray.schema import C
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -44,3 +47,10 @@ def inflation(pass1, flagged, *, n_boot: int = 1000, seed: int = 0) -> dict:
     if out["ratio"] is None:
         out["why"] = "clean pass@1 is 0: the ratio is unbounded; the difference is reported"
     return out
+
+
+def pass_at_1(table: pa.Table) -> np.ndarray:
+    """Per task: passed samples / k (NaN where the task has no tests)."""
+    passed = table.column(C.PASSED).to_pylist()
+    tested = table.column(C.HAS_TESTS).to_pylist()
+    return np.array([np.mean(p) if t and p else np.nan for p, t in zip(passed, tested)], dtype=np.float64)

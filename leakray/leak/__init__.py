@@ -6,5 +6,5 @@ member tasks inserted d times each (issue 9), so a leak looks like real contamin
 - `mixture`   `MixConfig`; the token stream: clean documents + each member exactly `dose` times
 - `pretrain`  continued pretraining on the mixture's sequences (plain torch, Ray-Train-friendly)
 
-Ray only in `leakray.pipelines.leak_train`.
+Ray only in `leakray.executor.leak_train`.
 """

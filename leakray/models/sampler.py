@@ -209,19 +209,3 @@ def reference_tokens(tok, prompt: str, reference: str, max_len: int, stats: Coun
         ids, n_ctx = ids[drop:], n_ctx - drop
         stats[REF_LOSS_CONTEXT_TRUNCATED_LEFT] += 1
     return ids, n_ctx
-
-
-def make_sampler(model_path: str, cfg: SampleConfig) -> Sampler:
-    if cfg.backend == "hf":
-        from leakray.models.hf_sampler import HFSampler
-
-        return HFSampler(model_path, cfg)
-    if cfg.backend == "vllm":
-        from leakray.models.vllm_sampler import VLLMSampler
-
-        return VLLMSampler(model_path, cfg)
-    if cfg.backend == "openai":
-        from leakray.models.endpoint_sampler import EndpointSampler
-
-        return EndpointSampler(model_path, cfg)
-    raise ValueError(f"unknown sampler backend {cfg.backend!r} (expected 'hf', 'vllm' or 'openai')")

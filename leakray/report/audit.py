@@ -16,9 +16,10 @@ import pyarrow.parquet as pq
 from leakray.detect.card import DetectorCard
 from leakray.evaluate import selfcal
 from leakray.evaluate.audit_routes import card_estimate, decide, flags_of
-from leakray.evaluate.inflation import inflation
+from leakray.data.registry import benchmark_path
+from leakray.evaluate.inflation import inflation, pass_at_1
 from leakray.runs import MARKER, write_json_atomic
-from leakray.schema import C, P, T
+from leakray.schema import C, P, S, T
 
 log = logging.getLogger(__name__)
 VERDICTS = ("confirmed", "suspected", "clean")
@@ -98,8 +99,6 @@ def truth_check(member: np.ndarray, scores: dict[str, np.ndarray]) -> dict | Non
 
 def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard, isolation: str,
                        timings: dict) -> dict:
-    from leakray.pipelines.audit import benchmark_file, closest_completion, member_scores_table, pass_at_1
-
     a = cfg.audit
     target = pq.read_table(run_dir / "collect_target" / "collection.parquet")
     task_ids = target.column(C.TASK_ID).to_pylist()
@@ -173,7 +172,7 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
         "truth": {"planted": a.target == "planted", "member_fraction": a.member_fraction,
                   "target_auc": target_auc} if a.target == "planted" else None,
         "cleaned": export, "isolation": isolation, "stages": _stages(run_dir), "timings_s": timings,
-        "config": cfg.model_dump(), "benchmark_file": benchmark_file(cfg),
+        "config": cfg.model_dump(), "benchmark_file": benchmark_path(cfg.benchmark.name, cfg.benchmark.path),
     }
     write_json_atomic(run_dir / "report.json", report)
     (run_dir / "report.md").write_text(render_markdown(report))
@@ -283,7 +282,6 @@ def _evidence_text(e: dict | None) -> str:
 def export_cleaned(cfg, tasks: list[dict], flagged: set[str], run_dir: Path) -> dict:
     """The benchmark file without flagged samples, in its own format, and the removed ids."""
     from leakray.errors import BadInput
-    from leakray.pipelines.audit import benchmark_file
     from leakray.screen.outputs import export_clean
 
     out = run_dir / "cleaned"
@@ -294,7 +292,7 @@ def export_cleaned(cfg, tasks: list[dict], flagged: set[str], run_dir: Path) -> 
     try:
         if None in rows:
             raise BadInput("the reader recorded no source_row for a flagged task")
-        path = export_clean(benchmark_file(cfg), out, rows)
+        path = export_clean(benchmark_path(cfg.benchmark.name, cfg.benchmark.path), out, rows)
         return {"path": str(path.relative_to(run_dir)), "removed": len(removed), "kept": len(tasks) - len(removed),
                 "removed_ids": "cleaned/removed_ids.txt"}
     except (BadInput, OSError, ValueError) as exc:
@@ -362,3 +360,24 @@ def render_markdown(r: dict) -> str:
         lines += ["", "Row errors by stage: " + "; ".join(f"{name} {e}" for name, e in errors.items())]
     lines += ["", "Per-sample verdicts: samples.parquet and report.html."]
     return "\n".join(lines) + "\n"
+
+
+def closest_completion(table: pa.Table) -> tuple[list[str | None], list[float | None]]:
+    """The completion nearest the reference (smallest token edit distance) and 1 - that distance."""
+    comps, dists = table.column(C.COMPLETIONS).to_pylist(), table.column(C.EDIT_DISTANCE).to_pylist()
+    best, sim = [], []
+    for c, d in zip(comps, dists):
+        if not c or not d:
+            best.append(None)
+            sim.append(None)
+            continue
+        i = int(np.argmin(d))
+        best.append(c[i])
+        sim.append(float(1.0 - d[i]))
+    return best, sim
+
+
+def member_scores_table(task_ids: list[str], scores: dict[str, np.ndarray], member) -> pa.Table:
+    parts = [pa.table({S.TASK_ID: task_ids, S.DETECTOR: [n] * len(task_ids), S.SCORE: s.astype(np.float64),
+                       S.MEMBER: np.asarray(member, np.int8)}) for n, s in scores.items()]
+    return pa.concat_tables(parts) if parts else pa.table({S.TASK_ID: pa.array([], pa.string())})

@@ -1,4 +1,4 @@
-"""The AdvPrompt perturbation stage on Ray Data: every task fans out to its 11 variants,
+"""The AdvPrompt perturbation stage: every task fans out to its 11 variants,
 each proven in the sandbox (variant prompt + reference continuation still passes the tests),
 and folds back into one row per task: `adv_prompts` / `adv_kind` with slot 0 the original.
 
@@ -13,7 +13,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from leakray.schema import C, T
+from leakray.schema import TASK_SCHEMA, C, T
+from leakray.stages.base import BatchStep, StageResources
 
 BASE_SLOT = "base"
 
@@ -55,28 +56,22 @@ def prove_batch(batch: pa.Table, sandbox, seed: int, threads: int = 2) -> pa.Tab
                      "check": pa.array(status, pa.list_(pa.string()))})
 
 
-def perturb_on_ray(tasks: list[dict], out_dir: Path, *, seed: int, timeout_s: float, threads: int,
-                   actors: int, allow_weak_isolation: bool, batch_size: int = 8) -> dict:
-    """Writes `variants.parquet` (one row per task) and returns the kept-variant rates."""
-    import ray
-    from ray.data import ActorPoolStrategy
+def prove_steps(seed: int, timeout_s: float, threads: int, actors: int, allow_weak_isolation: bool) -> list[BatchStep]:
+    # the sandbox's processes are outside Ray's accounting: its actors only wait on them
+    return [BatchStep(ProveVariants, {"seed": seed, "timeout_s": timeout_s, "threads": threads,
+                                      "allow_weak_isolation": allow_weak_isolation},
+                      StageResources(actors=actors, cpus=0.0))]
 
-    from leakray.pipelines.collect import write_parts
-    from leakray.schema import TASK_SCHEMA
 
-    table = pa.Table.from_pylist([{k: t[k] for k in T.ALL} for t in tasks], schema=TASK_SCHEMA)
-    ds = ray.data.from_arrow(table).repartition(max(1, -(-table.num_rows // batch_size)))
-    ds = ds.map_batches(ProveVariants, fn_constructor_kwargs={
-        "seed": seed, "timeout_s": timeout_s, "threads": threads, "allow_weak_isolation": allow_weak_isolation},
-        batch_size=batch_size, batch_format="pyarrow", num_cpus=0,
-        compute=ActorPoolStrategy(min_size=1, max_size=max(1, actors)))
-    result = write_parts(ds, out_dir)
-    # actor tasks retry at least once: one row per task
+def task_table(tasks: list[dict]) -> pa.Table:
+    return pa.Table.from_pylist([{k: t[k] for k in T.ALL} for t in tasks], schema=TASK_SCHEMA)
+
+
+def one_row_per_task(result: pa.Table) -> pa.Table:
+    """Actor tasks retry at least once: the first row of each task, sorted by task id."""
     ids = result.column(C.TASK_ID).to_pylist()
     first = sorted({t: i for i, t in reversed(list(enumerate(ids)))}.values())
-    result = result.take(first).sort_by(C.TASK_ID)
-    pq.write_table(result, out_dir / "variants.parquet")
-    return kept_summary(result)
+    return result.take(first).sort_by(C.TASK_ID)
 
 
 def kept_summary(result: pa.Table) -> dict:

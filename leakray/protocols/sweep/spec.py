@@ -156,7 +156,7 @@ def sweep_root(output: str, code_version: str):
     if not is_uri(output):
         out_dir = output_root(output)
         return out_dir, None, out_dir / "runs" / code_version
-    from leakray.sweep.catalog import FILE
+    from leakray.protocols.sweep.catalog import FILE
 
     store = RunStore(output, "", pull=(FILE,))
     return store.local, store, join(join(output, "runs"), code_version)
@@ -165,9 +165,9 @@ def sweep_root(output: str, code_version: str):
 def plan(spec_path: str | Path, extra: list[str] = (), pre: list[str] = (), code_version: str | None = None,
          output_dir: str | None = None) -> tuple[SweepSpec, Path, list[Cell]]:
     """(spec, sweep output dir, cells), every cell validated and its run dir known; or one BadInput."""
-    from leakray.pipelines.simulate import load_tasks, preflight_isolation, run_id
+    from leakray.protocols.simulate import load_tasks, preflight_isolation, run_id
     from leakray.storage import local_run_dir
-    from leakray.sweep.version import code_version as current_version
+    from leakray.protocols.sweep.version import code_version as current_version
 
     spec_path = Path(spec_path)
     spec = read_spec(spec_path)

@@ -16,7 +16,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from leakray.models.sampler import SampleConfig, make_sampler
+from leakray.models.backends import make_sampler
+from leakray.models.sampler import SampleConfig
 from leakray.perturb.rewrite import solution_rewrites
 from leakray.schema import R, T, rewrite_scores_schema
 

@@ -19,7 +19,7 @@ def _catalog_args(p: argparse.ArgumentParser) -> None:
 
 
 def _parsers() -> dict[str, argparse.ArgumentParser]:
-    from leakray.pipelines.cli import QUICK
+    from leakray.commands.run import QUICK
 
     run = argparse.ArgumentParser(prog="leakray sweep", description="run or resume a sweep")
     run.add_argument("spec", help="the sweep file (YAML)")
@@ -47,7 +47,7 @@ def _open(args):
 
     from leakray.runs import output_root
     from leakray.storage import RunStore, is_uri
-    from leakray.sweep import catalog
+    from leakray.protocols.sweep import catalog
 
     if args.catalog:
         path = Path(args.catalog)
@@ -69,7 +69,7 @@ def _table(rows: list[list], header: list[str]) -> str:
 
 
 def cmd_history(args) -> int:
-    from leakray.sweep import catalog
+    from leakray.protocols.sweep import catalog
 
     con = _open(args)
     if args.runs:
@@ -88,7 +88,7 @@ def cmd_history(args) -> int:
 
 
 def cmd_diff(args) -> int:
-    from leakray.sweep import catalog
+    from leakray.protocols.sweep import catalog
 
     changes = catalog.diff(_open(args), args.a, args.b)
     if args.json:
@@ -106,8 +106,8 @@ def cmd_diff(args) -> int:
 
 def cmd_run(args) -> int:
     from leakray.console import Console
-    from leakray.pipelines.cli import QUICK
-    from leakray.sweep.runner import run_sweep
+    from leakray.commands.run import QUICK
+    from leakray.protocols.sweep.runner import run_sweep
 
     extra = list(args.overrides) + ([f"ray.address={args.address}"] if args.address else [])
     result = run_sweep(args.spec, extra, QUICK if args.quick else [], args.output, Console(verbose=args.verbose))

@@ -40,6 +40,15 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, *, verbo
         _link_session_logs(Path(log_dir))
 
 
+def run_task(fn, *args, engine: str = "local", num_gpus: float = 0, num_cpus: float = 1):
+    """``fn(*args)`` here, or as one Ray task with the given resources (e.g. a GPU the driver lacks)."""
+    if engine == "local":
+        return fn(*args)
+    import ray
+
+    return ray.get(ray.remote(num_gpus=num_gpus, num_cpus=num_cpus)(fn).remote(*args))
+
+
 def _link_session_logs(log_dir: Path) -> None:
     """`<run>/logs/ray` -> this Ray session's log directory (workers' stdout/stderr live there)."""
     try:

@@ -2,7 +2,8 @@
 TPR@5%FPR against the dose, and per detector the smallest dose its AUC's 95% interval
 clears 0.5 at.
 
-Each dose is one pretrain-mix run under ``dose-sweep-<hash>/`` (resumable on its own);
+Each dose is one pretrain-mix run under ``dose-sweep-<hash>/`` (resumable on its own; run by
+``fanout.fan_out``);
 what does not depend on the dose is built once and reused from the cache: the base model,
 the screened clean corpus, the AdvPrompt variants' proofs (same tasks, same seed).
 """
@@ -13,30 +14,26 @@ import json
 import math
 from pathlib import Path
 
-from leakray.runs import content_hash, write_json_atomic
-from leakray.storage import RunStore, join
+from leakray.runs import write_json_atomic
 
 METRICS = ("auc", "tpr_at_5fpr")
 
 
-def run_dose_sweep(cfg, console) -> Path:
-    from leakray.pipelines.simulate import run_one
-
-    store = RunStore(cfg.output_dir, f"dose-sweep-{cfg.benchmark.name}-{content_hash(cfg.hashed())}")
-    parent = store.local
-    runs = {}
-    for dose in sorted(set(cfg.leak.doses)):
+def dose_children(cfg) -> list:
+    """One pretrain-mix run per dose (``fanout.fan_out`` runs them under one parent)."""
+    def child(dose: int):
         leak = cfg.leak.model_copy(update={"mode": "pretrain-mix", "dose": dose})
-        console.say(f"dose {dose} ({len(runs) + 1}/{len(set(cfg.leak.doses))})")
-        runs[dose] = run_one(cfg.model_copy(update={"leak": leak, "output_dir": join(cfg.output_dir, store.name)}),
-                             console)
-    curve = detectability(runs)
+        return lambda output_dir: cfg.model_copy(update={"leak": leak, "output_dir": output_dir})
+
+    return [(f"dose {d}", child(d)) for d in sorted(set(cfg.leak.doses))]
+
+
+def aggregate(parent: Path, runs: dict[str, Path], console) -> None:
+    curve = detectability({int(label.split()[-1]): run for label, run in runs.items()})
     write_json_atomic(parent / "detectability.json", curve)
     (parent / "detectability.md").write_text(render_markdown(curve))
     write_plots(parent, curve)
-    store.close()
-    console.say(f"detectability curve: {store.location}/detectability.md")
-    return parent
+    console.say(f"detectability curve: {parent}/detectability.md")
 
 
 def detectability(runs: dict[int, Path]) -> dict:

@@ -7,7 +7,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from leakray.leak.mixture import MixConfig, build_mixture
-from leakray.pipelines.train import fit_on_ray, worker_hooks
+from leakray.executor.train import fit_on_ray, worker_hooks
 from leakray.runs import write_json_atomic
 
 

@@ -1,43 +1,36 @@
-"""Detectors on Ray: CGMIA training as a Ray Train run, and the shadow -> target evaluation.
+"""The shadow -> target evaluation of every detector (CGMIA, the baselines, the learned ones).
 
 Every detector's decision threshold is chosen on the shadow collection by a named rule
 (``leakray.evaluate.thresholds``) and applied unchanged to the target: the baselines'
 on their shadow scores, CGMIA's on cross-fitted out-of-fold shadow probabilities
 (``leakray.detect.cgmia.fit_thresholded``). The target's labels only score the result.
-
-Ray Train V2 (default in Ray 2.60) keeps reported metrics only together with a
-checkpoint, so the trained detector comes back as rank 0's return value
-(``Result.return_value``): a plain state dict, a few MB for d=768.
+CGMIA's Ray Train run lives in ``leakray.executor.detector_train``.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
-import uuid
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 import pyarrow as pa
-import ray
 
 from leakray.detect.arrays import scalar_column
 from leakray.detect.cgmia import (
     CROSS_FIT_FOLDS,
     CGMIAConfig,
-    CGMIADetector,
     arrays_from_table,
-    fit,
     fit_thresholded,
 )
 from leakray.errors import BadInput
+from leakray.executor.detector_train import train_cgmia_seeds_on_ray
 from leakray.evaluate.metrics import BOOTSTRAP_SEED, N_BOOTSTRAP, binary_metrics, median_over_repeats
 from leakray.evaluate.thresholds import DEFAULT_RULE, apply_threshold, parse_rule
 from leakray.schema import C, S
 
 CGMIA = "cgmia"
-BASELINE_SEED = -1  # S.SEED of seed-free detectors
+BASELINE_SEED = S.BASELINE_SEED
 
 SCORES_SCHEMA = pa.schema([
     (S.TASK_ID, pa.string()),
@@ -47,86 +40,6 @@ SCORES_SCHEMA = pa.schema([
     (S.PREDICTION, pa.int8()),
     (S.MEMBER, pa.int8()),
 ])
-
-
-def _train_loop(loop_config: dict) -> list[dict]:
-    # Runs on the Ray Train worker. The arrays arrive as an object ref, not pickled
-    # into the config, so the driver's copy is shared through the object store.
-    import ray.train
-
-    arrays = ray.get(loop_config["arrays"])
-    config = CGMIAConfig.from_dict(loop_config["config"])
-
-    def report(epoch: int, metrics: dict, seed: int) -> None:
-        # Each report is a round trip to the controller (~2 s measured, against ~0.4 s of
-        # training per seed), and V2 keeps no checkpoint-less metrics: once per seed.
-        if epoch == config.epochs - 1:
-            ray.train.report({**metrics, "seed": seed})
-
-    rule, folds = loop_config["threshold_rule"], loop_config["threshold_folds"]
-    states = []
-    for seed in loop_config["seeds"]:
-        on_epoch = lambda epoch, metrics, seed=seed: report(epoch, metrics, seed)  # noqa: E731
-        det = fit(arrays, config, seed, progress=False, report=on_epoch) if rule is None else \
-            fit_thresholded(arrays, config, seed, rule, folds, progress=False, report=on_epoch)
-        states.append(det.state(numpy=True))
-    return states
-
-
-def train_cgmia_seeds_on_ray(train_table: pa.Table, config: CGMIAConfig | None = None,
-                             seeds: Iterable[int] = (0,), num_workers: int = 1,
-                             storage_path: str | os.PathLike | None = None,
-                             run_name: str | None = None, threshold_rule: str | None = DEFAULT_RULE,
-                             threshold_folds: int = CROSS_FIT_FOLDS) -> list[CGMIADetector]:
-    """Train one CGMIA detector per seed on a labelled collection, in one Ray Train run.
-
-    With a ``threshold_rule`` each detector also gets its decision threshold from
-    cross-fitting on the same rows (``fit_thresholded``); ``None`` trains without one.
-
-    One run for all seeds because starting a run costs more than training (seconds for
-    the FFN; the frozen parts are computed once per seed). ``num_workers`` must be 1:
-    data parallelism would cost more in all-reduce than it saves. ``storage_path``
-    receives Ray Train's run directory.
-    """
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-
-    if num_workers != 1:
-        raise BadInput(f"num_workers={num_workers}: CGMIA trains on one worker (see docstring)")
-    config = config or CGMIAConfig()
-    seeds = [int(s) for s in seeds]
-    if not seeds:
-        raise BadInput("no seeds given")
-    if threshold_rule is not None:
-        parse_rule(threshold_rule)
-    if not ray.is_initialized():
-        raise BadInput("Ray is not initialised; call ray.init() (or connect to a cluster) first")
-    from leakray.storage import ray_storage
-
-    storage = Path(storage_path or Path(tempfile.gettempdir()) / "leakray-ray-train").resolve()
-    arrays_ref = ray.put(arrays_from_table(train_table))
-    name = run_name or f"cgmia-seeds{'-'.join(map(str, seeds[:4]))}-{uuid.uuid4().hex[:8]}"
-    trainer = TorchTrainer(
-        _train_loop,
-        train_loop_config={"arrays": arrays_ref, "config": config.to_dict(), "seeds": seeds,
-                           "threshold_rule": threshold_rule, "threshold_folds": int(threshold_folds)},
-        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=config.device.startswith("cuda")),
-        run_config=RunConfig(name=name, **ray_storage(storage)),
-    )
-    result = trainer.fit()
-    if result.error is not None:
-        raise result.error
-    if not result.return_value or len(result.return_value) != len(seeds):
-        raise RuntimeError(f"Ray Train run in {result.path} returned no detector states")
-    return [CGMIADetector.from_state(st, device=config.device) for st in result.return_value]
-
-
-def train_cgmia_on_ray(train_table: pa.Table, config: CGMIAConfig | None = None, seed: int = 0,
-                       num_workers: int = 1, storage_path: str | os.PathLike | None = None,
-                       run_name: str | None = None) -> CGMIADetector:
-    """Train CGMIA on a labelled collection as one Ray Train (TorchTrainer) run."""
-    return train_cgmia_seeds_on_ray(train_table, config, [seed], num_workers=num_workers,
-                                    storage_path=storage_path, run_name=run_name)[0]
 
 
 def _keys(table: pa.Table) -> list[tuple[str, str]]:
@@ -302,10 +215,11 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
     expert_ml = [n for n in runnable if n in _EXPERT_ML]
     if expert_ml:  # one Tune run for all of them; each gets the shared wall time, marked so
         from leakray.detect.expert_ml import fit_kinds
+        from leakray.executor.tune import tune_trials
 
         try:
             with _Cost(trace_memory) as cost:
-                fitted = fit_kinds(shadow_table, expert_ml, seeds, params,
+                fitted = fit_kinds(shadow_table, expert_ml, seeds, params, trials=tune_trials,
                                    storage_path=None if storage_path is None else Path(storage_path) / "tune")
                 for name in expert_ml:
                     record(name, fitted[name], lambda d: d.seed)

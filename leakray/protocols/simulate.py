@@ -22,10 +22,13 @@ from leakray.data.registry import load_benchmark
 from leakray.data.tasks import continuation, program_of
 from leakray.errors import BadInput
 from leakray.runs import StageRunner, StageSpec, content_hash, write_json_atomic
-from leakray.storage import RunStore, join
+from leakray.storage import RunStore
 from leakray.schema import T
 
 ROLES = {"target": (0, 1), "shadow": (2, 3)}  # role -> (member fold, non-member fold): D1/D2, D3/D4
+
+
+CONSOLE_TOP = 5  # detectors by AUC printed at the end of a run
 
 
 def load_tasks(cfg: SimulateConfig) -> list[dict]:
@@ -49,13 +52,14 @@ def training_text(task: dict) -> str:
 
 
 def collect_config(cfg: SimulateConfig, base_path: str | None = None):
-    from leakray.pipelines.collect import CollectConfig, ExtraColumns, StageResources
+    from leakray.protocols.collection import wants_advprompt, wants_upper_case
+    from leakray.stages.collect import CollectConfig, ExtraColumns, StageResources
 
     r, gpu = cfg.ray, cfg.ray.use_gpu
     ref_model = base_path if cfg.columns.reference_model == "base" else cfg.columns.reference_model
     return CollectConfig(
-        extra=ExtraColumns(reference_model=ref_model, upper_case=cfg.columns.upper_case,
-                           advprompt=cfg.columns.advprompt),
+        extra=ExtraColumns(reference_model=ref_model, upper_case=wants_upper_case(cfg),
+                           advprompt=wants_advprompt(cfg)),
         sample=to_stage(cfg.sample), execute_timeout_s=cfg.execute.timeout_s, execute_threads=cfg.execute.threads,
         allow_weak_isolation=cfg.execute.allow_weak_isolation,
         embed_model=cfg.embed.model, embed_max_tokens=cfg.embed.max_tokens, embed_stride=cfg.embed.stride,
@@ -115,7 +119,8 @@ def preflight_isolation(cfg: SimulateConfig) -> str:
 
 def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner, isolation: str) -> list[StageSpec]:
     """The protocol, one StageSpec per step; each reads what earlier stages wrote in their dirs."""
-    from leakray.pipelines import collect as col
+    from leakray.protocols import collection
+    from leakray.stages import collect as col
 
     def by_fold() -> dict[int, list[dict]]:
         folds = json.loads((runner.dir("folds") / "folds.json").read_text())
@@ -126,14 +131,6 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
         write_json_atomic(out / "folds.json", folds)
         sizes = [sum(1 for f in folds.values() if f == i) for i in range(cfg.benchmark.folds)]
         return {"rows_in": len(tasks), "rows_out": len(folds), "sizes": sizes}
-
-    def perturb_stage(out: Path) -> dict:
-        from leakray.pipelines.perturb import perturb_on_ray
-
-        kept = perturb_on_ray(tasks, out, seed=cfg.columns.advprompt_seed, timeout_s=cfg.execute.timeout_s,
-                              threads=cfg.execute.threads, actors=cfg.ray.execute_actors,
-                              allow_weak_isolation=cfg.execute.allow_weak_isolation)
-        return {"rows_in": len(tasks), "rows_out": len(tasks), "kept": kept}
 
     def base_stage(which: str):
         def run(out: Path) -> dict:
@@ -154,7 +151,7 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
     def pretrain_mix_stage(role: str):
         def run(out: Path) -> dict:
             from leakray.leak.corpus import clean_corpus
-            from leakray.pipelines.leak_train import pretrain_mix_on_ray
+            from leakray.executor.leak_train import pretrain_mix_on_ray
 
             corpus, _ = clean_corpus(tasks, cfg.leak.corpus_max_bytes, cfg.leak.seed)  # cached by the corpus stage
             texts = [training_text(t) for t in by_fold()[ROLES[role][0]]]
@@ -169,7 +166,7 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
             return pretrain_mix_stage(role)
 
         def run(out: Path) -> dict:
-            from leakray.pipelines.train import finetune_on_ray
+            from leakray.executor.train import finetune_on_ray
 
             texts = [training_text(t) for t in by_fold()[ROLES[role][0]]]
             stats = finetune_on_ray(base_of(role), texts, to_stage(getattr(cfg, role)), out / "model",
@@ -187,24 +184,20 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
             if role == "target" and cfg.leak.member_fraction != 0.5:
                 mem, non = evaluated_members(mem, non, cfg.leak.member_fraction, cfg.benchmark.fold_seed)
             members = {t[T.TASK_ID] for t in mem}
-            table = col.input_table(mem + non, folds, members)
-            if cfg.columns.advprompt:
-                from leakray.pipelines.perturb import attach_variants
-
-                table = attach_variants(table, runner.dir("perturb") / "variants.parquet")
+            table = collection.with_variants(col.input_table(mem + non, folds, members), cfg, runner.dir("perturb"))
             from leakray.models.vllm_sampler import sampling_source
 
             ccfg = collect_config(cfg, base_of(role))
             # vLLM serves a LoRA fine-tune as base engine + the role's adapter (unless merge_adapters)
             model_path, ccfg.sample.lora_adapter = sampling_source(
                 str(runner.dir(role) / "model"), runner.info[role], base_of(role), ccfg.sample)
-            stats = col.collect_to(table, model_path, ccfg, out)
+            stats = collection.collect_to(table, model_path, ccfg, out)
             return {**stats, "isolation": isolation}
         return run
 
     def detect_stage(out: Path) -> dict:
-        from leakray.pipelines.advprompt_eval import evaluate_advprompt
-        from leakray.pipelines.detectors import evaluate_detectors
+        from leakray.protocols.advprompt_eval import evaluate_advprompt
+        from leakray.protocols.detectors import evaluate_detectors
 
         shadow = pq.read_table(runner.dir("collect_shadow") / "collection.parquet")
         target = pq.read_table(runner.dir("collect_target") / "collection.parquet")
@@ -214,12 +207,12 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
                                     bootstrap=cfg.detect.bootstrap, detectors=learned_detectors(cfg),
                                     detector_params=cfg.detect.params, trace_memory=cfg.detect.trace_memory,
                                     expert_ablation=cfg.detect.expert_ablation)
-        if cfg.columns.advprompt and (cfg.detect.detectors == "all" or "advprompt" in cfg.detect.detectors):
+        if collection.wants_advprompt(cfg) and (cfg.detect.detectors == "all" or "advprompt" in cfg.detect.detectors):
             merge_results(result, lambda: evaluate_advprompt(
                 shadow, target, cfg.detect.seeds, threshold_rule=cfg.detect.threshold_rule,
-                bootstrap=cfg.detect.bootstrap), "advprompt")
+                bootstrap=cfg.detect.bootstrap), "advprompt_graybox")
             if cfg.detect.advprompt_ablation and "advprompt" in result.get("median", {}):
-                from leakray.pipelines.advprompt_eval import advprompt_ablation
+                from leakray.protocols.advprompt_eval import advprompt_ablation
 
                 result["advprompt_ablation"] = advprompt_ablation(shadow, target, cfg.detect.seeds[0])
         pq.write_table(result.pop("scores"), out / "scores.parquet")
@@ -233,9 +226,7 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
 
     return [
         StageSpec("folds", folds_stage, lambda i: f"D1..D4 sizes {i['sizes']}"),
-        *([StageSpec("perturb", perturb_stage, lambda i: "AdvPrompt variants kept: " + ", ".join(
-            f"{k} {v['rate']:.0%}" for k, v in i["kept"].items() if v.get("rate") is not None))]
-          if cfg.columns.advprompt else []),
+        *([collection.perturb_spec(cfg, tasks)] if collection.wants_advprompt(cfg) else []),
         StageSpec("base", base_stage("base"), lambda i: f"{i['path']} (val loss {i['stats'].get('val_loss', '?')})"),
         *([StageSpec("shadow_base", base_stage("shadow_base"), lambda i: f"shadow's own base {i['path']} "
                      f"(val loss {i['stats'].get('val_loss', '?')})")] if cfg.model.shadow_base else []),
@@ -257,9 +248,9 @@ def _leak_line(role: str, i: dict) -> str:
 
 
 def learned_detectors(cfg: SimulateConfig):
-    """The registry's share of detect.detectors (advprompt is evaluated by its own stage code)."""
-    d = cfg.detect.detectors
-    return d if d == "all" else [n for n in d if n != "advprompt"]
+    """detect.detectors: every one is a registry detector (AdvPrompt's gray-box setting, which
+    needs target labels, is evaluated apart by the detect stage)."""
+    return cfg.detect.detectors
 
 
 def merge_results(result: dict, evaluate, name: str) -> None:
@@ -278,44 +269,44 @@ def merge_results(result: dict, evaluate, name: str) -> None:
 
 def run_simulation(cfg: SimulateConfig, console: Console | None = None) -> Path:
     """Run (or resume) the protocol; returns the run directory holding report.json/report.md.
-    With ``benchmark.names`` it runs once per benchmark under one directory and compares them."""
+    With ``benchmark.names`` it runs once per benchmark under one directory and compares them;
+    with ``leak.mode=dose-sweep`` once per dose, with the detectability curve."""
+    from leakray.protocols import dose_sweep, fanout
+
     console = console or Console()
     if cfg.benchmark.names:
-        return run_benchmarks(cfg, console)
+        return fanout.fan_out(cfg.output_dir, f"multi-{content_hash(cfg.hashed())}", benchmark_children(cfg),
+                              run_one, console, lambda parent, runs: compare_benchmarks(parent, console))
     if cfg.leak.mode == "dose-sweep":
-        from leakray.pipelines.dose_sweep import run_dose_sweep
-
-        return run_dose_sweep(cfg, console)
+        return fanout.fan_out(cfg.output_dir, f"dose-sweep-{cfg.benchmark.name}-{content_hash(cfg.hashed())}",
+                              dose_sweep.dose_children(cfg), run_one, console,
+                              lambda parent, runs: dose_sweep.aggregate(parent, runs, console))
     return run_one(cfg, console)
 
 
-def run_benchmarks(cfg: SimulateConfig, console: Console) -> Path:
-    """One run per benchmark (each resumable on its own) under ``multi-<hash>/``, then the
-    paper-style comparison across them (`leakray compare` on that directory)."""
-    from leakray.report.compare import compare
-
-    store = RunStore(cfg.output_dir, f"multi-{content_hash(cfg.hashed())}")
-    parent = store.local
-    runs = []
-    for name in cfg.benchmark.names:
+def benchmark_children(cfg: SimulateConfig) -> list:
+    def child(name: str):
         bench = cfg.benchmark.model_copy(update={"name": name, "path": cfg.benchmark.paths.get(name), "names": [],
                                                  "paths": {}})
-        sub = cfg.model_copy(update={"benchmark": bench, "output_dir": join(cfg.output_dir, store.name)})
-        console.say(f"benchmark {name} ({len(runs) + 1}/{len(cfg.benchmark.names)})")
-        runs.append(run_one(sub, console))
+        return lambda output_dir: cfg.model_copy(update={"benchmark": bench, "output_dir": output_dir})
+
+    return [(f"benchmark {name}", child(name)) for name in cfg.benchmark.names]
+
+
+def compare_benchmarks(parent: Path, console: Console) -> None:
+    """The paper-style comparison across the benchmarks' runs (`leakray compare` on ``parent``)."""
+    from leakray.report.compare import compare
+
     try:
         compare([parent], parent / "compare", metrics=["auc", "tpr_at_5fpr", "mcc"])
     except BadInput as exc:  # e.g. the reference detector was not run: the per-benchmark reports stand
         console.warn(f"no comparison across benchmarks: {exc}")
-        return parent
-    finally:
-        store.close()
-    console.say(f"comparison across {len(runs)} benchmarks: {store.location}/compare/compare.md")
-    return parent
+        return
+    console.say(f"comparison across benchmarks: {parent}/compare/compare.md")
 
 
 def run_one(cfg: SimulateConfig, console: Console) -> Path:
-    from leakray.pipelines.ray_runtime import ensure_ray
+    from leakray.executor.runtime import ensure_ray
     from leakray.report.simulate import write_report
 
     t_start = time.perf_counter()
@@ -336,11 +327,10 @@ def run_one(cfg: SimulateConfig, console: Console) -> Path:
 
     report = write_report(run_dir, cfg.model_dump(), {"total_this_invocation": round(time.perf_counter() - t_start, 1)})
     store.close()
-    for name in ("cgmia", "detectleak", "gt_match", "ref_loss"):
-        m = report["detectors"].get(name)
-        if m:
-            console.say(f"{name:<11} AUC {_num(m.get('auc'))}  MCC {_num(m.get('mcc'))}  "
-                        f"TPR@5%FPR {_num(m.get('tpr_at_5fpr'))}")
+    ranked = sorted(report["detectors"].items(), key=lambda kv: -(kv[1].get("auc") or 0.0))
+    for name, m in ranked[:CONSOLE_TOP]:  # the full table is in the report
+        console.say(f"{name:<15} AUC {_num(m.get('auc'))}  MCC {_num(m.get('mcc'))}  "
+                    f"TPR@5%FPR {_num(m.get('tpr_at_5fpr'))}")
     console.say(f"report: {store.location}/report.md")
     return run_dir
 

@@ -18,10 +18,20 @@ from leakray.schema import C, S
 SHADOW_TASKS = "shadow_tasks.parquet"
 
 
+def stratified_half(table: pa.Table, share: float, seed: int) -> tuple[pa.Table, pa.Table]:
+    """(fit, validation) rows of a shadow collection, by task, stratified by membership."""
+    from sklearn.model_selection import train_test_split
+
+    idx = np.arange(table.num_rows)
+    y = table.column(C.MEMBER).to_numpy()
+    fit, val = train_test_split(idx, test_size=share, stratify=y, random_state=seed)
+    return table.take(pa.array(np.sort(fit))), table.take(pa.array(np.sort(val)))
+
+
 def build_card(shadow: pa.Table, cfg, out: Path, *, storage: Path, meta: dict) -> DetectorCard:
-    from leakray.pipelines.audit import pass_at_1, stratified_half
-    from leakray.pipelines.detectors import evaluate_detectors
-    from leakray.pipelines.simulate import learned_detectors
+    from leakray.evaluate.inflation import pass_at_1
+    from leakray.protocols.detectors import evaluate_detectors
+    from leakray.protocols.simulate import learned_detectors
 
     a, d = cfg.audit, cfg.detect
     fit, val = stratified_half(shadow, a.validation_share, a.shadow_seed)

@@ -18,28 +18,18 @@ import pyarrow.parquet as pq
 
 from leakray.config import LOCAL_MODELS, AuditConfig, to_stage
 from leakray.console import Console, setup_logging
-from leakray.data.registry import DEFAULT_PATHS
+from leakray.data.registry import benchmark_path
 from leakray.detect.card import DetectorCard
 from leakray.errors import BadInput
-from leakray.pipelines.simulate import (base_model, collect_config, load_tasks, model_path, preflight_isolation,
+from leakray.protocols.simulate import (base_model, collect_config, load_tasks, model_path, preflight_isolation,
                                         training_text)
 from leakray.runs import StageRunner, StageSpec, content_hash, write_json_atomic
 from leakray.storage import RunStore, is_uri, local_copy
-from leakray.schema import C, R, S, T
+from leakray.schema import C, R, T
 
 CARD_STAGES = ("shadow", "collect_shadow", "card")
 
 
-def benchmark_file(cfg: AuditConfig) -> str:
-    """The file the benchmark was read from (the cleaned export and the screener read it again)."""
-    path = cfg.benchmark.path or DEFAULT_PATHS.get(cfg.benchmark.name)
-    if path is None and cfg.benchmark.name == "humaneval":
-        from leakray.data.humaneval import packaged_path
-
-        path = packaged_path()
-    if path is None:
-        raise BadInput(f"benchmark {cfg.benchmark.name} needs a path", field="benchmark.path")
-    return str(path)
 
 
 def split_members(ids: list[str], share: float, seed: int) -> list[str]:
@@ -48,16 +38,6 @@ def split_members(ids: list[str], share: float, seed: int) -> list[str]:
     n = int(round(share * len(ids)))
     pick = np.random.default_rng(seed).permutation(len(ids))[:n]
     return sorted(ids[i] for i in pick)
-
-
-def stratified_half(table: pa.Table, share: float, seed: int) -> tuple[pa.Table, pa.Table]:
-    """(fit, validation) rows of a shadow collection, by task, stratified by membership."""
-    from sklearn.model_selection import train_test_split
-
-    idx = np.arange(table.num_rows)
-    y = table.column(C.MEMBER).to_numpy()
-    fit, val = train_test_split(idx, test_size=share, stratify=y, random_state=seed)
-    return table.take(pa.array(np.sort(fit))), table.take(pa.array(np.sort(val)))
 
 
 def with_members(table: pa.Table, members: set[str] | None) -> pa.Table:
@@ -70,7 +50,8 @@ def with_members(table: pa.Table, members: set[str] | None) -> pa.Table:
 
 def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isolation: str,
                  card_dir: Path | None, card_only: bool = False) -> list[StageSpec]:
-    from leakray.pipelines import collect as col
+    from leakray.protocols import collection
+    from leakray.stages import collect as col
 
     a = cfg.audit
     planted = a.target == "planted"
@@ -92,7 +73,7 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
 
     def finetune(role: str, members_key: str):
         def run(out: Path) -> dict:
-            from leakray.pipelines.train import finetune_on_ray
+            from leakray.executor.train import finetune_on_ray
 
             members = set(split()[members_key])
             texts = [training_text(t) for t in tasks if t[T.TASK_ID] in members]
@@ -107,7 +88,8 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
 
     def collect(model, members, reference: str):
         def run(out: Path) -> dict:
-            table = with_members(col.input_table(tasks, {}, set()), members())
+            table = collection.with_variants(with_members(col.input_table(tasks, {}, set()), members()), cfg,
+                                             runner.dir("perturb"))
             from leakray.models.vllm_sampler import sampling_source
 
             base, path = runner.info["base"]["path"], model()
@@ -119,27 +101,24 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
             made = next((runner.info[r] for r in ("shadow", "target")
                          if runner.info.get(r, {}).get("model") == path), {})
             path, ccfg.sample.lora_adapter = sampling_source(path, made, base, ccfg.sample)
-            stats = col.collect_to(table, path, ccfg, out)
+            stats = collection.collect_to(table, path, ccfg, out)
             return {**stats, "isolation": isolation, "reference_model": reference}
         return run
 
     def rewrite_stage(out: Path) -> dict:
-        from leakray.pipelines.rewrite_scores import rewrite_scores, write_rewrite_scores
+        from leakray.executor.runtime import run_task
+        from leakray.protocols.rewrite_scores import rewrite_scores, write_rewrite_scores
 
         ref = target_reference(cfg)
         args = (tasks, target_model(), to_stage(cfg.sample), model_path(cfg, ref), a.rewrites, a.rewrite_seed)
-        if cfg.ray.use_gpu:  # the driver may have no GPU: one Ray task holds both models in turn
-            import ray
-
-            table = ray.get(ray.remote(num_gpus=1)(rewrite_scores).remote(*args))
-        else:
-            table = rewrite_scores(*args)
+        # the driver may have no GPU: then one Ray task holds both models in turn
+        table = run_task(rewrite_scores, *args, engine="ray" if cfg.ray.use_gpu else "local", num_gpus=1)
         write_rewrite_scores(table, out)
         tested = sum(1 for r in table.column(R.REASON).to_pylist() if not r)
         return {"rows_in": len(tasks), "rows_out": tested, "reference_model": ref}
 
     def card_stage(out: Path) -> dict:
-        from leakray.pipelines.card import build_card
+        from leakray.protocols.card import build_card
 
         shadow = pq.read_table(runner.dir("collect_shadow") / "collection.parquet")
         card = build_card(shadow, cfg, out, storage=runner.run_dir / "ray_train",
@@ -150,7 +129,7 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
     def screen_stage(out: Path) -> dict:
         from leakray.pipelines.screen import run_screen
 
-        summary = run_screen([(cfg.benchmark.name, benchmark_file(cfg))], a.corpus, str(out),
+        summary = run_screen([(cfg.benchmark.name, benchmark_path(cfg.benchmark.name, cfg.benchmark.path))], a.corpus, str(out),
                              address=cfg.ray.address, log=lambda msg: None)
         b = summary["benchmarks"][cfg.benchmark.name]
         return {"rows_in": b["n_samples"], "rows_out": b["n_leaked"], "pairs": b["n_pairs"]}
@@ -167,6 +146,7 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
         StageSpec("split", split_stage, lambda i: f"shadow sees {i['shadow_members']} tasks"
                   + ("" if i["planted_members"] is None else f", planted target {i['planted_members']}")),
         StageSpec("base", base_stage, lambda i: f"{i['path']}"),
+        *([collection.perturb_spec(cfg, tasks)] if collection.wants_advprompt(cfg) else []),
     ]
     if card_dir is None:
         stages += [
@@ -241,7 +221,7 @@ def collection_settings(cfg: AuditConfig, reference: str) -> dict:
 def run_audit(cfg: AuditConfig, console: Console | None = None, card_only: bool = False) -> Path:
     """Run (or resume) an audit; returns its directory (report.json, report.md, report.html).
     ``card_only``: stop once the detector card is built (`leakray card build`)."""
-    from leakray.pipelines.ray_runtime import ensure_ray
+    from leakray.executor.runtime import ensure_ray
     from leakray.report.audit import write_audit_report
 
     console = console or Console()
@@ -309,29 +289,6 @@ def _pct(v) -> str:
     return "–" if v is None else f"{v:.1%}"
 
 
-def pass_at_1(table: pa.Table) -> np.ndarray:
-    """Per task: passed samples / k (NaN where the task has no tests)."""
-    passed = table.column(C.PASSED).to_pylist()
-    tested = table.column(C.HAS_TESTS).to_pylist()
-    return np.array([np.mean(p) if t and p else np.nan for p, t in zip(passed, tested)], dtype=np.float64)
 
 
-def closest_completion(table: pa.Table) -> tuple[list[str | None], list[float | None]]:
-    """The completion nearest the reference (smallest token edit distance) and 1 - that distance."""
-    comps, dists = table.column(C.COMPLETIONS).to_pylist(), table.column(C.EDIT_DISTANCE).to_pylist()
-    best, sim = [], []
-    for c, d in zip(comps, dists):
-        if not c or not d:
-            best.append(None)
-            sim.append(None)
-            continue
-        i = int(np.argmin(d))
-        best.append(c[i])
-        sim.append(float(1.0 - d[i]))
-    return best, sim
 
-
-def member_scores_table(task_ids: list[str], scores: dict[str, np.ndarray], member) -> pa.Table:
-    parts = [pa.table({S.TASK_ID: task_ids, S.DETECTOR: [n] * len(task_ids), S.SCORE: s.astype(np.float64),
-                       S.MEMBER: np.asarray(member, np.int8)}) for n, s in scores.items()]
-    return pa.concat_tables(parts) if parts else pa.table({S.TASK_ID: pa.array([], pa.string())})

@@ -35,7 +35,7 @@ def config_from_args(args, extra: list[str] = ()):
 
 def run(args) -> int:
     from leakray.console import Console
-    from leakray.pipelines.simulate import run_simulation
+    from leakray.protocols.simulate import run_simulation
 
     cfg = config_from_args(args, QUICK if args.quick else [])  # validated before any stage
     run_simulation(cfg, Console(verbose=args.verbose))
@@ -74,7 +74,7 @@ def audit_overrides(args) -> list[str]:
 def run_audit_cmd(args, card_only: bool = False) -> int:
     from leakray.config import AUDIT_DEFAULTS, AuditConfig, load_config
     from leakray.console import Console
-    from leakray.pipelines.audit import run_audit
+    from leakray.protocols.audit import run_audit
 
     overrides = (AUDIT_QUICK if args.quick else []) + list(args.overrides) + audit_overrides(args)
     if args.output:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from leakray.console import Console
 from leakray.storage import store_for
-from leakray.sweep import catalog
-from leakray.sweep.spec import Cell, plan
-from leakray.sweep.version import code_version, git_commit
+from leakray.protocols.sweep import catalog
+from leakray.protocols.sweep.spec import Cell, plan
+from leakray.protocols.sweep.version import code_version, git_commit
 
 
 @dataclass
@@ -30,7 +30,7 @@ class SweepResult:
 
 def run_sweep(spec_path: str | Path, extra: list[str] = (), pre: list[str] = (), output_dir: str | None = None,
               console: Console | None = None) -> SweepResult:
-    from leakray.pipelines.simulate import run_simulation
+    from leakray.protocols.simulate import run_simulation
 
     console = console or Console()
     version = code_version()

@@ -30,7 +30,7 @@ def register(sub) -> None:
 def read_tasks(spec: str) -> list[dict]:
     """A task-schema file (every row refused with file/row/field if it breaks the schema), or
     anything `leakray benchmarks validate` accepts."""
-    from leakray.data.cli import load_spec
+    from leakray.commands.benchmarks import load_spec
     from leakray.data.io import iter_records
     from leakray.data.tasks import make_task
     from leakray.errors import BadInput

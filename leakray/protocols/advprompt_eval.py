@@ -1,8 +1,8 @@
-"""AdvPrompt-MIA in its two settings, on the same footing as every other detector: seeds,
+"""AdvPrompt-MIA's second setting, on the same footing as every other detector: seeds,
 thresholds chosen without the scored rows' labels, the same metrics.
 
-- `advprompt` (shadow setting): trained on the shadow collection like CGMIA, threshold from
-  out-of-fold shadow probabilities, scored on the whole target.
+- `advprompt` (shadow setting) is a registry detector (`detect.advprompt_mia`): trained on the
+  shadow collection like CGMIA, threshold from out-of-fold shadow probabilities.
 - `advprompt_graybox` (the paper's setting): the auditor knows ~20% of the target's members
   and as many non-members; trained (and thresholded, out-of-fold) on those, scored on the
   rest of the target, balanced. Its metrics cover that subset only (n is in the report)."""
@@ -27,20 +27,15 @@ def _fit_thresholded(arrays, seed: int, rule: str, where: str, config):
 def evaluate_advprompt(shadow: pa.Table, target: pa.Table, seeds, *, threshold_rule: str, bootstrap: int,
                        bootstrap_seed: int = 0, config: ap.AdvPromptConfig | None = None,
                        known_fraction: float = 0.2) -> dict:
-    """{"per_seed": {name: [metrics...]}, "median": {...}, "thresholds": {...}} for both settings."""
-    sa, ta = ap.arrays_from_table(shadow), ap.arrays_from_table(target)
+    """{"per_seed": {name: [metrics...]}, "median": {...}, "thresholds": {...}} for the gray-box
+    setting (the shadow setting is the registry's ``advprompt``, run with every other detector).
+    ``shadow`` is unused here and kept so both settings read the same inputs."""
+    ta = ap.arrays_from_table(target)
     boot = {"n_bootstrap": int(bootstrap), "bootstrap_seed": int(bootstrap_seed)}
-    per_seed: dict[str, list] = {"advprompt": [], "advprompt_graybox": []}
+    per_seed: dict[str, list] = {"advprompt_graybox": []}
     thresholds: dict[str, dict] = {}
     skipped: dict[str, str] = {}
     for seed in seeds:
-        det, th = _fit_thresholded(sa, seed, threshold_rule, "shadow, out-of-fold (cross-fit by task)", config)
-        score = det.predict_proba(ta)
-        per_seed["advprompt"].append({**binary_metrics(ta["member"], score, apply_threshold(score, th["value"]),
-                                                       **boot), "threshold": th})
-        thresholds.setdefault("advprompt", {"rule": threshold_rule, "chosen_on": th["chosen_on"], "values": []})
-        thresholds["advprompt"]["values"].append(th["value"])
-
         try:
             train, test = ap.graybox_split(ta["member"], known_fraction, seed)
             det, th = _fit_thresholded(ap.take(ta, train), seed, threshold_rule,
@@ -49,10 +44,10 @@ def evaluate_advprompt(shadow: pa.Table, target: pa.Table, seeds, *, threshold_r
         except BadInput as exc:  # a small target leaves too few known rows: the setting is skipped
             skipped["advprompt_graybox"] = f"input unusable: {exc}"
             per_seed.pop("advprompt_graybox", None)
-            continue
+            break
         held = ap.take(ta, test)
         score = det.predict_proba(held)
-        per_seed.setdefault("advprompt_graybox", []).append({**binary_metrics(held["member"], score,
+        per_seed["advprompt_graybox"].append({**binary_metrics(held["member"], score,
                                                                apply_threshold(score, th["value"]), **boot),
                                               "threshold": th})
         thresholds.setdefault("advprompt_graybox", {"rule": threshold_rule, "chosen_on": th["chosen_on"],

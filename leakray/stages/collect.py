@@ -1,9 +1,10 @@
-"""The collection: sample -> execute -> score -> embed as Ray Data stages.
+"""The collection's stages: sample -> execute -> score -> embed, on pyarrow batches.
 
-Each stage is a plain class or function on a pyarrow batch (one row per task), so it
-runs without Ray in tests; here they become `map_batches` operators, with actor pools
-where the state is heavy (a model, a sandbox pool, an encoder). Actor-pool tasks retry
-at least once, so rows are keyed by task id and deduplicated when read back.
+Each stage is a plain class or function on a batch (one row per task); `collect_steps` hands
+them to an executor (`leakray.executor.batches`), which runs them in-process or as Ray Data
+operators with actor pools where the state is heavy (a model, a sandbox pool, an encoder).
+Actor-pool tasks retry at least once, so rows are keyed by task id and `finalize`
+deduplicates them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import math
 import os
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ import pyarrow.parquet as pq
 from leakray.data.tasks import program_of
 from leakray.models.sampler import SampleConfig
 from leakray.schema import C, T, X, collection_schema
+from leakray.stages.base import BatchStep, StageResources
 
 LOG = logging.getLogger(__name__)
 FAULT_BARRIER_ENV = "LEAKRAY_FAULT_BARRIER"  # tests only: see fault_barrier
@@ -49,13 +51,6 @@ def fault_barrier(stage: str) -> None:
             LOG.warning("fault barrier: no %s after %.0f s; going on", release, FAULT_BARRIER_TIMEOUT_S)
             return
         time.sleep(0.1)
-
-
-@dataclass
-class StageResources:
-    actors: int = 1
-    cpus: float = 1.0
-    gpus: float = 0.0
 
 
 @dataclass
@@ -102,14 +97,16 @@ class SampleStage:
     """k completions per prompt with perplexities, the reference's per-token scores under the
     model (and a reference model), and the optional extra passes of `ExtraColumns`."""
 
-    def __init__(self, model_path: str, sample: dict, extra: dict | None = None):
-        from leakray.models.sampler import make_sampler
+    def __init__(self, model_path: str, sample: SampleConfig, extra: ExtraColumns | None = None):
+        from dataclasses import replace
 
-        self.sampler = make_sampler(model_path, SampleConfig(**sample))
-        self.extra = ExtraColumns(**(extra or {}))
+        from leakray.models.backends import make_sampler
+
+        self.sampler = make_sampler(model_path, sample)
+        self.extra = extra or ExtraColumns()
         self.ref_sampler = None
         if self.extra.reference_model:
-            self.ref_sampler = make_sampler(self.extra.reference_model, SampleConfig(**{**sample, "backend": "hf"}))
+            self.ref_sampler = make_sampler(self.extra.reference_model, replace(sample, backend="hf"))
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         fault_barrier("SampleStage")
@@ -330,6 +327,20 @@ def embed_device(cfg: CollectConfig) -> str:
     return "cuda" if cfg.embed_resources.gpus else "cpu"
 
 
+def collect_steps(model_path: str, cfg: CollectConfig) -> list[BatchStep]:
+    """The collection as batch steps: sample -> execute -> score -> embed."""
+    return [
+        BatchStep(SampleStage, {"model_path": model_path, "sample": cfg.sample, "extra": cfg.extra},
+                  cfg.sample_resources),
+        BatchStep(ExecuteStage, {"timeout_s": cfg.execute_timeout_s, "threads": cfg.execute_threads,
+                                 "allow_weak_isolation": cfg.allow_weak_isolation}, cfg.execute_resources),
+        BatchStep(score_stage, resources=StageResources(cpus=0.5)),
+        BatchStep(EmbedStage, {"model": cfg.embed_model, "max_tokens": cfg.embed_max_tokens,
+                               "stride": cfg.embed_stride, "batch_size": cfg.embed_batch_size,
+                               "device": embed_device(cfg)}, cfg.embed_resources),
+    ]
+
+
 def input_table(tasks: list[dict], folds: dict[str, int], members: set[str]) -> pa.Table:
     rows = [{
         C.TASK_ID: t[T.TASK_ID], C.BENCHMARK: t[T.BENCHMARK], C.LANGUAGE: t[T.LANGUAGE],
@@ -341,18 +352,6 @@ def input_table(tasks: list[dict], folds: dict[str, int], members: set[str]) -> 
                                         C.REFERENCE)]
     return pa.Table.from_pylist(rows, schema=pa.schema(fields + [pa.field(T.TESTS, pa.string()),
                                                                  pa.field(T.RUNNER, pa.string())]))
-
-
-def collect_local(table: pa.Table, model_path: str, cfg: CollectConfig, errors_path: Path | None = None) -> pa.Table:
-    """The same stages in-process, batch by batch (tests, debugging); failed rows to `errors_path`."""
-    sample = SampleStage(model_path, asdict(cfg.sample), asdict(cfg.extra))
-    execute = ExecuteStage(cfg.execute_timeout_s, cfg.execute_threads, cfg.allow_weak_isolation)
-    embed = EmbedStage(cfg.embed_model, cfg.embed_max_tokens, cfg.embed_stride, cfg.embed_batch_size,
-                       embed_device(cfg))
-    parts = []
-    for batch in table.to_batches(max_chunksize=cfg.batch_size):
-        parts.append(embed(score_stage(execute(sample(pa.Table.from_batches([batch]))))))
-    return finalize(pa.concat_tables(parts), errors_path)
 
 
 class AllRowsFailed(RuntimeError):
@@ -392,47 +391,6 @@ def unfilled_columns(table: pa.Table) -> list[str]:
     return [name for name in table.column_names if table.num_rows and table.column(name).null_count == table.num_rows]
 
 
-def collect_on_ray(table: pa.Table, model_path: str, cfg: CollectConfig, out_dir: Path) -> pa.Table:
-    """Ray Data: each stage an operator; sampling, execution and embedding stream concurrently."""
-    import ray
-    from ray.data import ActorPoolStrategy
-
-    def pool(res: StageResources) -> dict:
-        opts = {"compute": ActorPoolStrategy(min_size=1, max_size=max(1, res.actors)), "num_cpus": res.cpus}
-        if res.gpus:
-            opts["num_gpus"] = res.gpus
-        return opts
-
-    n_blocks = max(1, -(-table.num_rows // cfg.batch_size))
-    ds = ray.data.from_arrow(table).repartition(n_blocks)
-    ds = ds.map_batches(SampleStage, fn_constructor_kwargs={"model_path": model_path,
-                                                            "sample": asdict(cfg.sample),
-                                                            "extra": asdict(cfg.extra)},
-                        batch_size=cfg.batch_size, batch_format="pyarrow", **pool(cfg.sample_resources))
-    ds = ds.map_batches(ExecuteStage, fn_constructor_kwargs={"timeout_s": cfg.execute_timeout_s,
-                                                             "threads": cfg.execute_threads,
-                                                             "allow_weak_isolation": cfg.allow_weak_isolation},
-                        batch_size=cfg.batch_size, batch_format="pyarrow", **pool(cfg.execute_resources))
-    ds = ds.map_batches(score_stage, batch_size=cfg.batch_size, batch_format="pyarrow", num_cpus=0.5)
-    ds = ds.map_batches(EmbedStage, fn_constructor_kwargs={
-        "model": cfg.embed_model, "max_tokens": cfg.embed_max_tokens, "stride": cfg.embed_stride,
-        "batch_size": cfg.embed_batch_size, "device": embed_device(cfg)}, batch_size=cfg.batch_size, batch_format="pyarrow",
-        **pool(cfg.embed_resources))
-    return finalize(write_parts(ds, out_dir), out_dir / "errors.parquet")
-
-
-def write_parts(ds, out_dir: Path) -> pa.Table:
-    """Materialise a Ray dataset as part files under ``out_dir/parts`` and read them back. Workers
-    write from whatever node they run on: to the run's URI when it has one (`storage.shared_dir`),
-    so a multi-node run loses no block; a local path must then be shared by the nodes."""
-    from leakray.storage import clear_dir, shared_dir
-
-    parts, filesystem = shared_dir(out_dir / "parts")
-    clear_dir(parts, filesystem)  # a killed attempt's part files must not be read back
-    ds.write_parquet(parts, filesystem=filesystem)
-    return pq.read_table(parts, filesystem=filesystem)
-
-
 def collection_stats(table: pa.Table, seconds: float, errors_path: Path | None = None) -> dict:
     """Per-stage numbers the report shows: rows, execution outcomes by kind, the reasons rows
     were degraded (row notes: truncations, NaN losses, CodeBLEU failures), parse failures,
@@ -454,16 +412,6 @@ def collection_stats(table: pa.Table, seconds: float, errors_path: Path | None =
         "exec_status": dict(statuses), "mean_generated_tokens": round(sum(n_tokens) / max(1, len(n_tokens)), 1),
         "seconds": round(seconds, 1), "seconds_per_task": round(seconds / max(1, table.num_rows), 3),
     }
-
-
-def collect_to(table: pa.Table, model_path: str, cfg: CollectConfig, out_dir: Path) -> dict:
-    """Collect ``table`` on Ray into ``out_dir/collection.parquet`` (failed rows to
-    ``errors.parquet``); returns the stage's stats."""
-    t0 = time.perf_counter()
-    coll = collect_on_ray(table, model_path, cfg, out_dir)
-    stats = collection_stats(coll, time.perf_counter() - t0, out_dir / "errors.parquet")
-    write_collection(coll, out_dir / "collection.parquet", stats)
-    return {"rows_in": table.num_rows, **stats}
 
 
 def write_collection(table: pa.Table, path: Path, stats: dict) -> None:

@@ -1,0 +1,73 @@
+"""Run a chain of batch stages (``stages.base.BatchStep``) over a table: in-process, batch by
+batch, or on Ray Data, one operator per step (an actor pool for class steps), streaming, with
+the result written as part files and read back. The steps are the same objects either way.
+
+Actor-pool tasks retry at least once, so a step's output rows are keyed by task id and the
+caller deduplicates what comes back (``stages.collect.finalize``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from leakray.stages.base import BatchStep
+
+ENGINES = ("local", "ray")
+
+
+def run_local(table: pa.Table, steps: Sequence[BatchStep], batch_size: int) -> pa.Table:
+    """Every step in this process, each built once, over batches of ``batch_size`` rows."""
+    built = [s.build() for s in steps]
+    parts = []
+    for batch in table.to_batches(max_chunksize=max(1, batch_size)):
+        out = pa.Table.from_batches([batch])
+        for fn in built:
+            out = fn(out)
+        parts.append(out)
+    return pa.concat_tables(parts) if parts else table.slice(0, 0)
+
+
+def run_on_ray(table: pa.Table, steps: Sequence[BatchStep], batch_size: int, out_dir: Path) -> pa.Table:
+    """Ray Data: one ``map_batches`` operator per step, all streaming concurrently; the result
+    is materialised as part files under ``out_dir/parts`` (see ``write_parts``)."""
+    import ray
+    from ray.data import ActorPoolStrategy
+
+    ds = ray.data.from_arrow(table).repartition(max(1, -(-table.num_rows // max(1, batch_size))))
+    for step in steps:
+        res = step.resources
+        opts = {"num_cpus": res.cpus}
+        if res.gpus:
+            opts["num_gpus"] = res.gpus
+        if step.stateful:
+            opts.update(compute=ActorPoolStrategy(min_size=1, max_size=max(1, res.actors)),
+                        fn_constructor_kwargs=step.kwargs)
+        ds = ds.map_batches(step.fn, batch_size=batch_size, batch_format="pyarrow", **opts)
+    return write_parts(ds, out_dir)
+
+
+def run_steps(table: pa.Table, steps: Sequence[BatchStep], *, batch_size: int, engine: str = "ray",
+              out_dir: Path | None = None) -> pa.Table:
+    """The one entry point protocols use: ``engine`` chooses where, the steps do not know."""
+    if engine == "local":
+        return run_local(table, steps, batch_size)
+    if engine == "ray":
+        if out_dir is None:
+            raise ValueError("the ray engine writes part files: give out_dir")
+        return run_on_ray(table, steps, batch_size, Path(out_dir))
+    raise ValueError(f"unknown engine {engine!r}; one of {ENGINES}")
+
+
+def write_parts(ds, out_dir: Path) -> pa.Table:
+    """Materialise a Ray dataset as part files under ``out_dir/parts`` and read them back. Workers
+    write from whatever node they run on: to the run's URI when it has one (`storage.shared_dir`),
+    so a multi-node run loses no block; a local path must then be shared by the nodes."""
+    from leakray.storage import clear_dir, shared_dir
+
+    parts, filesystem = shared_dir(out_dir / "parts")
+    clear_dir(parts, filesystem)  # a killed attempt's part files must not be read back
+    ds.write_parquet(parts, filesystem=filesystem)
+    return pq.read_table(parts, filesystem=filesystem)

@@ -1,0 +1,92 @@
+"""One collection, wherever it runs: the collection's steps through an executor, then one row
+per task (retries deduplicated, failed rows to ``errors.parquet``) and the stage's stats."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pyarrow as pa
+
+from leakray.executor.batches import run_steps
+from leakray.stages.collect import CollectConfig, collect_steps, collection_stats, finalize, write_collection
+
+
+def collect(table: pa.Table, model_path: str, cfg: CollectConfig, *, engine: str = "ray",
+            out_dir: Path | None = None, errors_path: Path | None = None) -> pa.Table:
+    """The collection of ``table`` (``engine``: "ray" streams the steps as Ray Data operators and
+    writes part files under ``out_dir``; "local" runs them in this process)."""
+    raw = run_steps(table, collect_steps(model_path, cfg), batch_size=cfg.batch_size, engine=engine,
+                    out_dir=out_dir)
+    return finalize(raw, errors_path)
+
+
+def collect_to(table: pa.Table, model_path: str, cfg: CollectConfig, out_dir: Path, engine: str = "ray") -> dict:
+    """Collect ``table`` into ``out_dir/collection.parquet`` (failed rows to ``errors.parquet``);
+    returns the stage's stats."""
+    t0 = time.perf_counter()
+    errors = out_dir / "errors.parquet"
+    coll = collect(table, model_path, cfg, engine=engine, out_dir=out_dir, errors_path=errors)
+    stats = collection_stats(coll, time.perf_counter() - t0, errors)
+    write_collection(coll, out_dir / "collection.parquet", stats)
+    return {"rows_in": table.num_rows, **stats}
+
+
+def prove_variants_to(tasks: list[dict], out_dir: Path, *, seed: int, timeout_s: float, threads: int, actors: int,
+                      allow_weak_isolation: bool, batch_size: int = 8, engine: str = "ray") -> dict:
+    """The AdvPrompt variants of every task, proven in the sandbox, into ``out_dir/variants.parquet``
+    (one row per task); returns the kept-variant rates."""
+    import pyarrow.parquet as pq
+
+    from leakray.stages.prove import kept_summary, one_row_per_task, prove_steps, task_table
+
+    steps = prove_steps(seed, timeout_s, threads, actors, allow_weak_isolation)
+    result = one_row_per_task(run_steps(task_table(tasks), steps, batch_size=batch_size, engine=engine,
+                                        out_dir=out_dir))
+    pq.write_table(result, out_dir / "variants.parquet")
+    return kept_summary(result)
+
+
+def perturb_spec(cfg, tasks: list[dict]):
+    """The AdvPrompt variants as a protocol stage (simulate and audit alike): model-independent,
+    so both collections of a run read the one ``perturb/variants.parquet``."""
+    from leakray.runs import StageSpec
+
+    def run(out: Path) -> dict:
+        kept = prove_variants_to(tasks, out, seed=cfg.columns.advprompt_seed, timeout_s=cfg.execute.timeout_s,
+                                 threads=cfg.execute.threads, actors=cfg.ray.execute_actors,
+                                 allow_weak_isolation=cfg.execute.allow_weak_isolation)
+        return {"rows_in": len(tasks), "rows_out": len(tasks), "kept": kept}
+
+    return StageSpec("perturb", run, lambda i: "AdvPrompt variants kept: " + ", ".join(
+        f"{k} {v['rate']:.0%}" for k, v in i["kept"].items() if v.get("rate") is not None))
+
+
+def reads_any(cfg, columns: set[str]) -> bool:
+    """Whether a requested detector reads any of ``columns``: an extra pass of the model that no
+    requested detector reads is skipped (``detect.detectors: all`` keeps every switched-on pass)."""
+    from leakray.detect import registry
+
+    chosen = cfg.detect.detectors
+    return chosen == "all" or any(set(registry.spec(n).columns) & columns for n in chosen)
+
+
+def wants_advprompt(cfg) -> bool:
+    from leakray.schema import C
+
+    return bool(cfg.columns.advprompt) and reads_any(cfg, {C.ADV_EMBEDDING, C.ADV_PERPLEXITY, C.ADV_COMPLETIONS})
+
+
+def wants_upper_case(cfg) -> bool:
+    from leakray.schema import C
+
+    return bool(cfg.columns.upper_case) and reads_any(cfg, {C.UPPER_COMPLETIONS, C.UPPER_PERPLEXITY})
+
+
+def with_variants(table: pa.Table, cfg, stage_dir: Path) -> pa.Table:
+    """The collection's input with each task's proven AdvPrompt variants, when the run makes them."""
+    if not wants_advprompt(cfg):
+        return table
+    from leakray.stages.prove import attach_variants
+
+    return attach_variants(table, Path(stage_dir) / "variants.parquet")

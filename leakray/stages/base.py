@@ -1,0 +1,33 @@
+"""What a batch stage is, as data an executor can run: a function or a class (built once per
+worker, for state that is costly to build: a model, a sandbox pool, an encoder) applied to a
+pyarrow batch, with the resources one worker of it needs. The stage never says where it runs;
+``leakray.executor.batches`` runs the same steps in-process or as Ray Data operators."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+@dataclass
+class StageResources:
+    actors: int = 1  # at most this many workers of a class stage (an actor pool on Ray)
+    cpus: float = 1.0
+    gpus: float = 0.0
+
+
+@dataclass
+class BatchStep:
+    """``fn(batch) -> batch``; a class is built as ``fn(**kwargs)`` once per worker and then
+    called per batch, a function is called as ``fn(batch)``."""
+
+    fn: type | Callable[..., Any]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    resources: StageResources = field(default_factory=StageResources)
+
+    @property
+    def stateful(self) -> bool:
+        return isinstance(self.fn, type)
+
+    def build(self) -> Callable[[Any], Any]:
+        return self.fn(**self.kwargs) if self.stateful else self.fn
