@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator,
+                      model_validator)
 
 from leakray.errors import BadInput
 from leakray.models.finetune import FinetuneConfig
@@ -192,11 +193,21 @@ class EmbedConfig(Section):
         return self
 
 
+def _threshold_rule(v: str):
+    """The rule as a typed value (``evaluate.thresholds.ThresholdRule``), parsed here once."""
+    from leakray.evaluate.thresholds import ThresholdRule
+
+    try:
+        return ThresholdRule(v)
+    except BadInput as exc:
+        raise ValueError(str(exc).split(": ", 1)[-1]) from None
+
+
 class DetectConfig(Section):
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2, 3, 4], min_length=1)  # paper: 5 repeats, median
     use_ray_train: bool = True
     # how each detector's decision threshold is chosen, always on shadow data, never on the target
-    threshold_rule: str = "shadow_max_mcc"
+    threshold_rule: Annotated[str, AfterValidator(_threshold_rule)] = Field("shadow_max_mcc", validate_default=True)
     bootstrap: int = Field(1000, ge=0)  # resamples for the 95% intervals of AUC and TPR@5%FPR
     # "all": every registered detector the collection's columns allow; or a list of names
     detectors: Literal["all"] | list[str] = "all"
@@ -205,17 +216,6 @@ class DetectConfig(Section):
     expert_ablation: bool = False  # CGMIA on all 16 subsets of the expert blocks (paper RQ2)
     advprompt_ablation: bool = True  # AdvPrompt without each kind / each feature (its RQ2), seed 0
     cgmia: dict[str, Any] = Field(default_factory=dict)  # CGMIAConfig overrides (epochs, lr, ...)
-
-    @field_validator("threshold_rule")
-    @classmethod
-    def _rule(cls, v: str) -> str:
-        from leakray.evaluate.thresholds import parse_rule
-
-        try:
-            parse_rule(v)
-        except BadInput as exc:
-            raise ValueError(str(exc).split(": ", 1)[-1]) from None
-        return v
 
     @field_validator("detectors")
     @classmethod

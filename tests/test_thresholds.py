@@ -77,3 +77,20 @@ def test_threshold_from_shadow_fits_a_target_with_ten_percent_members():
     th5 = choose_threshold(y_shadow, s_shadow, "shadow_fpr:0.05")
     assert th5.fpr <= 0.05
     assert apply_threshold(s_target[y_target == 0], th5).mean() < 0.1
+
+
+def test_a_rule_is_a_typed_value_parsed_once_and_written_as_its_text():
+    import json
+    import pickle
+
+    from leakray.config import SimulateConfig
+    from leakray.evaluate.thresholds import ThresholdRule
+
+    rule = SimulateConfig(detect={"threshold_rule": "shadow_fpr:0.05"}).detect.threshold_rule
+    assert isinstance(rule, ThresholdRule) and (rule.kind, rule.fpr) == ("shadow_fpr", 0.05)
+    assert ThresholdRule(rule) is rule  # passed on, never parsed again
+    assert json.dumps({"rule": rule}) == '{"rule": "shadow_fpr:0.05"}'
+    back = pickle.loads(pickle.dumps(rule))  # crosses to Ray workers
+    assert isinstance(back, ThresholdRule) and back.fpr == 0.05
+    with pytest.raises(BadInput, match="FPR bound"):
+        ThresholdRule("shadow_fpr:2")

@@ -40,7 +40,7 @@ from torch import nn
 from leakray.detect.arrays import list_column, scalar_column
 from leakray.detect.datafiles import join_state, load_arrays, load_tensors, save_tensors, split_state
 from leakray.errors import BadInput
-from leakray.evaluate.thresholds import DEFAULT_RULE, choose_threshold, parse_rule
+from leakray.evaluate.thresholds import DEFAULT_RULE, ThresholdRule, choose_threshold
 from leakray.schema import C
 
 FORMAT_VERSION = 2  # 2: weights in safetensors (1: torch pickles)
@@ -390,7 +390,7 @@ def fit_thresholded(train_arrays: Mapping[str, np.ndarray], config: CGMIAConfig 
     """``fit`` on all training rows, plus a decision threshold chosen by ``rule`` on
     cross-fitted out-of-fold probabilities (see module doc); kept in ``det.threshold``.
     Fewer folds than ``n_folds`` when a class has fewer rows (at least 2 of each needed)."""
-    parse_rule(rule)  # refuse a bad rule before training
+    rule = ThresholdRule(rule)  # refuse a bad rule before training
     det = fit(train_arrays, config, seed, progress=progress, report=report)
     y = np.asarray(train_arrays["member"])
     # a tiny shadow (a quick run) gets fewer folds rather than a late failure; recorded below

@@ -24,14 +24,27 @@ import numpy as np
 
 from leakray.errors import BadInput
 
-DEFAULT_RULE = "shadow_max_mcc"
+class ThresholdRule(str):
+    """A rule parsed once, where it enters (the config, an API call): ``kind`` and ``fpr`` (None
+    for ``shadow_max_mcc``). It stays its own text wherever it is written (config.json, reports,
+    cards), and building one from a rule returns that rule unparsed."""
+
+    kind: str
+    fpr: float | None
+
+    def __new__(cls, value: "str | ThresholdRule") -> "ThresholdRule":
+        if isinstance(value, ThresholdRule):
+            return value
+        kind, fpr = _parse(str(value))
+        rule = super().__new__(cls, value)
+        rule.kind, rule.fpr = kind, fpr
+        return rule
 
 
-def parse_rule(rule: str) -> tuple[str, float | None]:
-    """``"shadow_max_mcc"`` -> ("shadow_max_mcc", None); ``"shadow_fpr:0.05"`` -> ("shadow_fpr", 0.05)."""
+def _parse(rule: str) -> tuple[str, float | None]:
     if rule == "shadow_max_mcc":
         return rule, None
-    name, _, arg = str(rule).partition(":")
+    name, _, arg = rule.partition(":")
     if name == "shadow_fpr":
         try:
             a = float(arg)
@@ -43,6 +56,15 @@ def parse_rule(rule: str) -> tuple[str, float | None]:
                        "e.g. shadow_fpr:0.05", field="threshold_rule")
     raise BadInput(f"unknown threshold rule {rule!r}; known: shadow_max_mcc, shadow_fpr:<a> (e.g. shadow_fpr:0.05)",
                    field="threshold_rule")
+
+
+DEFAULT_RULE = ThresholdRule("shadow_max_mcc")
+
+
+def parse_rule(rule: "str | ThresholdRule") -> tuple[str, float | None]:
+    """``"shadow_max_mcc"`` -> ("shadow_max_mcc", None); ``"shadow_fpr:0.05"`` -> ("shadow_fpr", 0.05)."""
+    rule = ThresholdRule(rule)
+    return rule.kind, rule.fpr
 
 
 @dataclass(frozen=True)
@@ -71,7 +93,7 @@ def mcc_from_counts(tp, fp, tn, fn) -> np.ndarray:
     return np.where(denom > 0, out, 0.0)
 
 
-def choose_threshold(y, score, rule: str = DEFAULT_RULE, chosen_on: str = "shadow") -> Threshold:
+def choose_threshold(y, score, rule: "str | ThresholdRule" = DEFAULT_RULE, chosen_on: str = "shadow") -> Threshold:
     """Pick the cut for ``score >= cut`` on labelled rows (the shadow) by ``rule``."""
     kind, alpha = parse_rule(rule)
     y = np.asarray(y)

@@ -18,7 +18,7 @@ import ray
 
 from leakray.detect.cgmia import CROSS_FIT_FOLDS, CGMIAConfig, CGMIADetector, arrays_from_table, fit, fit_thresholded
 from leakray.errors import BadInput
-from leakray.evaluate.thresholds import DEFAULT_RULE, parse_rule
+from leakray.evaluate.thresholds import DEFAULT_RULE, ThresholdRule
 
 
 def _train_loop(loop_config: dict) -> list[dict]:
@@ -70,7 +70,7 @@ def train_cgmia_seeds_on_ray(train_table: pa.Table, config: CGMIAConfig | None =
     if not seeds:
         raise BadInput("no seeds given")
     if threshold_rule is not None:
-        parse_rule(threshold_rule)
+        threshold_rule = ThresholdRule(threshold_rule)
     if not ray.is_initialized():
         raise BadInput("Ray is not initialised; call ray.init() (or connect to a cluster) first")
     from leakray.storage import ray_storage

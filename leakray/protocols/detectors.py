@@ -26,7 +26,7 @@ from leakray.detect.cgmia import (
 from leakray.errors import BadInput
 from leakray.executor.detector_train import train_cgmia_seeds_on_ray
 from leakray.evaluate.metrics import BOOTSTRAP_SEED, N_BOOTSTRAP, binary_metrics, median_over_repeats
-from leakray.evaluate.thresholds import DEFAULT_RULE, apply_threshold, parse_rule
+from leakray.evaluate.thresholds import DEFAULT_RULE, ThresholdRule, apply_threshold
 from leakray.schema import C, S
 
 CGMIA = "cgmia"
@@ -157,7 +157,7 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
     seeds = [int(s) for s in seeds]
     if not seeds:
         raise BadInput("no seeds given")
-    parse_rule(threshold_rule)
+    threshold_rule = ThresholdRule(threshold_rule)  # a typed rule passes as is; a string is parsed (refused early)
     names = registry.resolve(detectors)
     params = {k: dict(v or {}) for k, v in (detector_params or {}).items()}
     for name in params:
