@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 MARKER = "_DONE.json"
+KILL_ENV = "LEAKRAY_KILL_IN_STAGE"  # tests only: see kill_point
 # Every stage's marker carries these (datatrove-style stats), so reports read them generically.
 STAT_DEFAULTS = {"rows_in": None, "rows_out": None, "errors": {}, "parse_failures": {}}
 
@@ -102,6 +103,27 @@ class StageSpec:
     summary: Callable[[dict], str] = lambda info: ""
 
 
+def clear_partial(stage_dir: Path) -> None:
+    """What a killed attempt of a stage left in its directory (a partial file, half a model)
+    is never read back: an unfinished stage starts from an empty directory."""
+    import shutil
+
+    for p in Path(stage_dir).iterdir():
+        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+
+
+def kill_point(stage: "Stage") -> None:
+    """A test hook (tests/test_e2e.py, tests/test_audit.py), a no-op unless $LEAKRAY_KILL_IN_STAGE
+    names this stage: then the process leaves a partial output in the stage's directory and dies
+    by SIGKILL, as a preempted node would, so a test can resume the run from another process."""
+    if os.environ.get(KILL_ENV) != stage.name:
+        return
+    import signal
+
+    (stage.dir / "partial.tmp").write_text("killed mid-stage\n")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 class StageRunner:
     """Owns markers, timings, stats and resumption; a protocol is a list of StageSpecs.
 
@@ -125,7 +147,9 @@ class StageRunner:
         stage = Stage(self.run_dir, spec.name)
         cached = stage.done
         if not cached:
+            clear_partial(stage.dir)
             stage.start()
+            kill_point(stage)
             stats = {**STAT_DEFAULTS, **(spec.run(stage.dir) or {})}
             stage.finish(**stats)
             if self.store is not None:

@@ -107,8 +107,19 @@ def test_audit_end_to_end_then_reuse_card(ray_head, tmp_path, leakray_cache):
         assert proc.returncode == 0, proc.stderr[-3000:]
         return proc
 
-    audit("--corpus", str(ROOT / "tests" / "fixtures" / "screen" / "corpus"))  # holds a copy of HumanEval/0
+    corpus = ["--corpus", str(ROOT / "tests" / "fixtures" / "screen" / "corpus")]  # holds a copy of HumanEval/0
+    # killed (SIGKILL) while building the card; the next invocation resumes at the card
+    killed = subprocess.run([sys.executable, "-m", "leakray.cli", "audit", *AUDIT, *corpus, "--output", str(out),
+                             "--address", gcs], env=dict(env, LEAKRAY_KILL_IN_STAGE="card"), capture_output=True,
+                            text=True, timeout=800, cwd=ROOT)
+    assert killed.returncode == -9, killed.stderr[-3000:]
     (run,) = out.glob("audit-*")
+    assert not (run / "card" / "_DONE.json").exists() and (run / "card" / "partial.tmp").exists()
+    before_kill = {p.parent.name: p.stat().st_mtime for p in run.glob("*/_DONE.json")}
+    assert set(before_kill) >= {"split", "base", "perturb", "shadow", "collect_shadow"}
+    audit(*corpus)
+    assert {p.parent.name: p.stat().st_mtime for p in run.glob("*/_DONE.json") if p.parent.name in before_kill} \
+        == before_kill
     report = json.loads((run / "report.json").read_text())
     s = report["summary"]
     assert s["n_tasks"] == 32 and sum(s["verdicts"].values()) == 32

@@ -106,7 +106,10 @@ def test_stage_runner_resumes_and_records_stats(tmp_path):
     def make(name, fail=False):
         def run(out):
             calls.append(name)
+            assert list(out.iterdir()) == []  # a killed attempt's leftovers are never read back
             if fail:
+                (out / "half").mkdir()
+                (out / "half" / "part-0.parquet").write_text("half written")
                 raise RuntimeError("killed")
             (out / "data.txt").write_text(name)
             return {"rows_in": 2, "rows_out": 1, "errors": {"timeout": 1}}
@@ -118,6 +121,7 @@ def test_stage_runner_resumes_and_records_stats(tmp_path):
     assert calls == ["a", "b"] and not Stage(tmp_path, "b").done
     info = StageRunner(tmp_path, console).run([StageSpec("a", make("a")), StageSpec("b", make("b"))])
     assert calls == ["a", "b", "b"]  # "a" finished before: not run again
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["_DONE.json", "data.txt"]
     assert info["a"]["rows_out"] == 1 and info["b"]["errors"] == {"timeout": 1}
     assert set(info["b"]) >= {"seconds", "rows_in", "rows_out", "errors", "parse_failures"}
     assert console.lines[-2] == ("a", True, "")

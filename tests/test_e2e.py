@@ -38,8 +38,21 @@ def test_screen_job_submit(ray_head, tmp_path):
 def test_simulate_job_submit_then_resume(ray_head, tmp_path, leakray_cache):
     _, _, gcs, env = ray_head
     out, cache = tmp_path / "runs", leakray_cache
-    _submit(ray_head, ["jobs/simulate.py", *SMALL, "--output", str(out)], {"LEAKRAY_CACHE": str(cache), **PLUGIN})
+    # A driver killed (SIGKILL) inside the target's collection: every stage before it is marked
+    # done, the killed one is not; the submitted job then resumes there from another process.
+    killed = subprocess.run(
+        [sys.executable, "-m", "leakray.cli", "simulate", *SMALL, "--output", str(out), "--address", gcs],
+        env=dict(env, LEAKRAY_CACHE=str(cache), LEAKRAY_KILL_IN_STAGE="collect_target", **PLUGIN),
+        capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert killed.returncode == -9, killed.stderr[-3000:]
     (run_dir,) = out.iterdir()
+    assert (run_dir / "collect_target" / "partial.tmp").exists()
+    assert not (run_dir / "collect_target" / "_DONE.json").exists() and not (run_dir / "detect").exists()
+    before_kill = {p.parent.name: p.stat().st_mtime for p in run_dir.glob("*/_DONE.json")}
+    assert set(before_kill) >= {"folds", "perturb", "base", "target", "shadow", "collect_shadow"}
+    _submit(ray_head, ["jobs/simulate.py", *SMALL, "--output", str(out)], {"LEAKRAY_CACHE": str(cache), **PLUGIN})
+    assert {n: t for n, t in ((p.parent.name, p.stat().st_mtime) for p in run_dir.glob("*/_DONE.json"))
+            if n in before_kill} == before_kill  # resumed: nothing finished ran twice
     report = json.loads((run_dir / "report.json").read_text())
     for name in ("cgmia", "detectleak", "advprompt", "min_k", "toy"):
         m = report["detectors"][name]
