@@ -16,10 +16,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from leakray.schema import P
 from leakray.screen import corpus as C
-from leakray.screen.index import BenchmarkIndex, ScreenConfig, prefix_length
-from leakray.screen.lsh import BandIndex, optimal_params
+from leakray.screen.candidates import expand_matches
+from leakray.screen.columns import S as P
+from leakray.screen.index import BenchmarkIndex, ScreenConfig
 from leakray.screen.minhash import MinHasher
 from leakray.screen.screener import BatchScreener, Stats, screen_documents
 from leakray.screen.shingle import shingle_batch, shingles_reference, tokenize
@@ -87,7 +87,7 @@ def test_shingle_hashes_are_stable_across_processes():
     here = shingle_batch(["def f(a):\n    return a + 1\n"], 2).values.tolist()
     assert json.loads(outs.pop()) == here
     # pinned: a change of tokenizer or hash must bump TOKENIZER_NAME and this value
-    assert here[0] == 5839149991321134841
+    assert here[0] == 52811993771464
 
 
 # ---------------------------------------------------------------- MinHash / LSH
@@ -107,30 +107,42 @@ def test_minhash_equals_datasketch_affine32():
     assert (mh.signatures(sets, [3, 0]) == sigs[[3, 0]]).all()
 
 
-def test_lsh_params_are_datasketch_optimum_and_probe_finds_near_duplicates():
-    from datasketch import MinHashLSH
-
-    from leakray.screen.lsh import _optimal_param_numpy
-
-    lsh = MinHashLSH(threshold=0.7, num_perm=256)
-    assert optimal_params(0.7, 256) == (lsh.b, lsh.r) == _optimal_param_numpy(0.7, 256, 0.5, 0.5)
-    rng = random.Random(0)
-    base = [_random_code(rng, 20) for _ in range(20)]
-    mh = MinHasher(256, 1)
-    idx = BandIndex(mh.signatures(shingle_batch(base)), *optimal_params(0.7, 256))
-    q, e = idx.probe(mh.signatures(shingle_batch([base[3], base[7] + "\nextra line", _random_code(rng, 20)])))
-    found = set(zip(q.tolist(), e.tolist()))
-    assert (0, 3) in found and (1, 7) in found and not any(r == 2 for r, _ in found)
+def test_expand_matches_counts_distinct_hits():
+    keys = np.array([5, 5, 7, 9], dtype=np.uint64)
+    owner = np.array([0, 1, 1, 2])
+    q = np.array([5, 7, 9, 9, 1], dtype=np.uint64)
+    rows = np.array([0, 0, 0, 1, 1])
+    f, e, n = expand_matches(keys, owner, q, rows)
+    assert set(zip(f.tolist(), e.tolist(), n.tolist())) == {(0, 0, 1), (0, 1, 2), (0, 2, 1), (1, 2, 1)}
+    f, e, n = expand_matches(keys, owner, q, rows, min_hits=np.array([1, 2, 2]))
+    assert set(zip(f.tolist(), e.tolist())) == {(0, 0), (0, 1)}
 
 
 # ---------------------------------------------------------------- screening
 
 
-def test_prefix_length():
-    assert prefix_length(10, 0.8) == 3  # 8 of 10 shared -> at least one of any 3 is shared
-    assert prefix_length(10, 0.8, hits=3) == 5  # ... and at least 3 of any 5
-    assert prefix_length(2, 0.8, hits=3) == 2
-    assert prefix_length(1, 0.8) == 1
+def test_candidates_are_exact_for_the_reporting_rule():
+    """Every pair the rule admits (shingle threshold and rare-shingle share) is a candidate:
+    brute force over random texts agrees with the indexed filter."""
+    rng = random.Random(11)
+    samples = [_random_code(rng, rng.randrange(3, 10)) for _ in range(40)]
+    cfg = ScreenConfig(span_coverage=0.0)
+    index = BenchmarkIndex(cfg, samples)
+    docs = [_mutate(samples[i % 40], rng, 0.15) + "\n" + _random_code(rng, rng.randrange(1, 30)) for i in range(120)]
+    files = shingle_batch(docs)
+    got = {(p[P.CORPUS_ID], p["entry"]) for p in screen_documents(index, [str(i) for i in range(len(docs))],
+                                                                  [d.encode() for d in docs])}
+    keys = set(index.keys.tolist())
+    want = set()
+    for f in range(len(docs)):
+        for e in np.flatnonzero(index.screenable):
+            inter = np.intersect1d(files[f], index.sets[e])
+            rare = sum(1 for v in inter.tolist() if v in keys and e in index.owner[index.keys == v])
+            jac = len(inter) / (len(files[f]) + index.sizes[e] - len(inter))
+            con = len(inter) / index.sizes[e]
+            if rare >= index.need[e] and (jac >= 0.7 or (index.contain_ok[e] and con >= 0.8)):
+                want.add((str(f), int(e)))
+    assert want and got == want
 
 
 def test_screen_finds_planted_pairs_and_nothing_below_thresholds():
@@ -155,7 +167,7 @@ def test_screen_finds_planted_pairs_and_nothing_below_thresholds():
             inter = len(np.intersect1d(files[f], sets[e]))
             jac = inter / (len(files[f]) + len(sets[e]) - inter)
             con = inter / len(sets[e])
-            if jac >= 0.9 or (index.contain_ok[e] and con >= 0.8):
+            if index.screenable[e] and (jac >= 0.9 or (index.contain_ok[e] and con >= 0.8)):
                 truth.add((ids[f], e))
     got = {(p[P.CORPUS_ID], p["entry"]) for p in pairs}
     assert truth <= got  # containment is exact; J >= 0.9 is far above the LSH knee (miss < 1e-4)
@@ -170,14 +182,17 @@ def test_screen_finds_planted_pairs_and_nothing_below_thresholds():
                           if p[P.CORPUS_ID] == f"inside{p['entry']}")
 
 
-def test_containment_off_and_short_samples_are_jaccard_only():
-    text = "def tiny(a):\n    return a + 1\n"
+def test_containment_off_and_generic_samples():
+    text = "def tiny_helper(values):\n    return values_total + 1\n"
     big = _random_code(random.Random(1), 50) + "\n" + text
     on = BenchmarkIndex(ScreenConfig(min_containment_shingles=4), [text])
     off = BenchmarkIndex(ScreenConfig(containment=0.0), [text])
     assert screen_documents(on, ["big"], [big.encode()])
     assert not screen_documents(off, ["big"], [big.encode()])
     assert screen_documents(off, ["same"], [text.encode()])[0][P.JACCARD] == 1.0
+    generic = "def f(a):\n    return a + 1\n"  # every token common in code: too generic to screen
+    index = BenchmarkIndex(ScreenConfig(), [generic])
+    assert not index.screenable[0] and not screen_documents(index, ["same"], [generic.encode()])
 
 
 # ---------------------------------------------------------------- corpus
@@ -190,49 +205,49 @@ def test_check_bytes_reasons():
     assert C.check_bytes("café".encode("latin-1"), 10) == "undecodable"
     assert C.check_bytes(b"x" * 11, 10) == "huge"
     assert C.check_bytes(b"x = 1", 10) is None
-    assert C.content_bytes(None, 10) == (None, "no_content")
-    assert C.content_bytes("x = 1", 10) == (b"x = 1", None)
 
 
 def test_plan_corpus_directory_and_glob(tmp_path):
     plan = C.plan_corpus(str(CORPUS), max_file_bytes=1000)
     names = sorted(os.path.basename(p) for p, _ in plan.files)
-    assert "notes.txt" not in names and "copy_he0.py" in names and "bank.py" in names
+    assert "notes.txt" in names and "copy_he0.py" in names and "bank.py" in names  # text is read too
     assert plan.skipped["empty"] == 1  # empty.py (blank.py has bytes; found when read)
     assert plan.skipped["huge"] == 1  # strings_util.py is over 1000 bytes
+    assert plan.n_files == sum(len(f) for _, _, f in os.walk(CORPUS))
     both = C.plan_corpus(str(CORPUS) + "/*", max_file_bytes=1000)  # the pkg dir and its files, once each
     assert sorted(both.files) == sorted(plan.files)
     plan = C.plan_corpus(str(FIX / "*.jsonl"), max_file_bytes=1000)
-    assert sorted(os.path.basename(p) for p in plan.jsonl) == ["corpus.jsonl", "humaneval.jsonl", "mbpp.jsonl"]
+    assert sorted(os.path.basename(p) for p, _ in plan.shards) == ["corpus.jsonl", "humaneval.jsonl", "mbpp.jsonl"]
     with pytest.raises(Exception, match="no corpus file"):
         C.plan_corpus(str(tmp_path / "nothing*.parquet"), 1000)
 
 
 def test_batch_screener_counts_bad_inputs(tmp_path):
-    index = BenchmarkIndex(ScreenConfig(), ["def f(a, b):\n    return a + b\n"])
+    code = "def add_numbers(first_value, second_value):\n    return first_value + second_value\n"
+    index = BenchmarkIndex(ScreenConfig(), [code])
     files = BatchScreener(index, "files")
     paths = [str(p) for p in sorted(CORPUS.rglob("*.py"))] + [str(tmp_path / "gone.py")]
     pairs, st = files({"path": paths})
     assert st["files_in"] == len(paths)
     for reason in ("empty", "binary", "undecodable", "unreadable"):
-        assert st["skipped:" + reason] >= 1, reason
+        assert st["files_skipped:" + reason] >= 1, reason
+    assert st["files_screened"] + sum(st.skipped("files").values()) == len(paths)
     gz = tmp_path / "c.jsonl.gz"
     with gzip.open(gz, "wt") as fh:
-        fh.write(json.dumps({"id": "a", "content": "def f(a, b):\n    return a + b\n"}) + "\n{bad\n")
-    pairs, st = BatchScreener(index, "jsonl")({"path": [str(gz), str(tmp_path / "gone.jsonl")]})
-    assert [p[P.CORPUS_ID] for p in pairs] == ["a"]
-    assert st["skipped:malformed"] == 1 and st["skipped:unreadable"] == 1
-    shard, broken, no_content = tmp_path / "s.parquet", tmp_path / "broken.parquet", tmp_path / "n.parquet"
-    pq.write_table(pa.table({"content": ["def f(a, b):\n    return a + b\n", None], "path": ["r/x.py", "r/y.py"]}),
-                   shard)
+        fh.write(json.dumps({"id": "a", "content": code}) + "\n{bad\n")
+    pairs, st = files({"path": [str(gz), str(tmp_path / "gone.jsonl")]})
+    assert [p[P.CORPUS_ID] for p in pairs] == [f"{gz}:1#content"]
+    assert st["texts_skipped:malformed"] == 1 and st["files_skipped:unreadable"] == 1 and st["documents"] == 2
+    shard, broken, no_text = tmp_path / "s.parquet", tmp_path / "broken.parquet", tmp_path / "n.parquet"
+    pq.write_table(pa.table({"content": [code, None], "path": ["r/x.py", "r/y.py"]}), shard)
     broken.write_bytes(b"PAR1 not really")
-    pq.write_table(pa.table({"text": ["x"]}), no_content)
-    pairs, st = BatchScreener(index, "parquet")({"path": [str(shard), str(broken), str(no_content)]})
-    assert [p[P.CORPUS_ID] for p in pairs] == ["r/x.py"]
-    assert (st["skipped:no_content"], st["skipped:unreadable"]) == (2, 1)
-    pairs, st = BatchScreener(index, "records")({"content": ["def f(a, b):\n    return a + b\n", None, b"\x00"]})
+    pq.write_table(pa.table({"n": [1]}), no_text)
+    pairs, st = files({"path": [str(shard), str(broken), str(no_text)]})
+    assert [(p[P.CORPUS_RECORD], p[P.CORPUS_KEY]) for p in pairs] == [(0, "content")]
+    assert (st["files_skipped:no_text_column"], st["files_skipped:unreadable"]) == (1, 1)
+    pairs, st = BatchScreener(index, "records")({"content": [code, None, b"\x00"]})
     assert pairs[0][P.CORPUS_ID].startswith("sha1:")
-    assert st["skipped:no_content"] == 1 and st["skipped:binary"] == 1
+    assert st["texts_skipped:no_content"] == 1 and st["texts_skipped:binary"] == 1
 
 
 # ---------------------------------------------------------------- end to end (no Ray)
@@ -251,19 +266,24 @@ def test_cli_local_run_writes_every_output(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     he, mb = summary["benchmarks"]["humaneval"], summary["benchmarks"]["mbpp"]
     assert (he["n_samples"], he["n_leaked"], he["ratio"]) == (4, 2, 0.5)
-    assert he["leaked_task_ids"] == ["HumanEval/0", "HumanEval/2"]  # exact copy, renamed copy
+    assert he["leaked_task_ids"] == ["HumanEval/0", "HumanEval/2"]  # exact copy (and in notes.txt), renamed copy
+    assert he["documents_per_task"] == {"HumanEval/0": 2, "HumanEval/2": 1}
     assert mb["leaked_task_ids"] == ["MBPP/11"]  # contained in a larger module
-    assert summary["corpus"]["skipped"] == {"binary": 1, "empty": 2, "undecodable": 1}
+    assert summary["corpus"]["files"]["skipped"] == {"binary": 1, "empty": 2, "undecodable": 1}
+    assert summary["corpus"]["files"]["in"] == 9 and summary["corpus"]["files"]["accounted"]
     cfg = summary["config"]
-    assert (cfg["seed"], cfg["num_perm"], cfg["ngram"], cfg["bands"], cfg["rows"]) == (1, 256, 2, 25, 10)
+    assert (cfg["seed"], cfg["num_perm"], cfg["ngram"], cfg["parts"]) == (1, 256, 2, ["prompt", "solution", "tests",
+                                                                                       "task"])
     pairs = pq.read_table(out / "pairs.parquet").to_pylist()
     assert {(p[P.TASK_ID], os.path.basename(p[P.CORPUS_ID])) for p in pairs} == {
-        ("HumanEval/0", "copy_he0.py"), ("HumanEval/2", "bank.py"), ("MBPP/11", "strings_util.py")}
+        ("HumanEval/0", "copy_he0.py"), ("HumanEval/0", "notes.txt"), ("HumanEval/2", "bank.py"),
+        ("MBPP/11", "strings_util.py")}
     mbpp_pair = next(p for p in pairs if p[P.TASK_ID] == "MBPP/11")
-    assert mbpp_pair[P.CONTAINMENT] == 1.0 and mbpp_pair[P.JACCARD] < 0.2
+    assert mbpp_pair[P.PART] == "solution" and mbpp_pair[P.CONTAINMENT] == 1.0 and mbpp_pair[P.JACCARD] < 0.2
+    assert mbpp_pair[P.LINE_START] > 1 and mbpp_pair[P.LINE_END] - mbpp_pair[P.LINE_START] == 9
     with open(out / "labels.csv", newline="", encoding="utf-8") as fh:
         sheet = list(csv.DictReader(fh))
-    assert len(sheet) == 3 and all(r[P.LABEL] == "" and r[P.SAMPLE_TEXT] and r[P.CORPUS_TEXT] for r in sheet)
+    assert len(sheet) == len(pairs) and all(r[P.LABEL] == "" and r[P.SAMPLE_TEXT] and r[P.CORPUS_TEXT] for r in sheet)
     clean_he = [json.loads(line)["task_id"] for line in (out / "clean/humaneval/humaneval.jsonl").open()]
     assert clean_he == ["HumanEval/1", "HumanEval/3"]
     clean_mb = [json.loads(line)["task_id"] for line in (out / "clean/mbpp/mbpp.jsonl").open()]
@@ -276,7 +296,7 @@ def test_cli_local_run_writes_every_output(tmp_path, capsys):
     assert "nothing to do" in capsys.readouterr().err
     assert (out / "pairs.parquet").stat().st_mtime_ns == mtime
     # another config is another run
-    assert _run_cli("--corpus", str(CORPUS), "--output", str(out), "--containment", "0") == 0
+    assert _run_cli("--corpus", str(CORPUS), "--output", str(out), "--containment", "0", "--parts", "solution") == 0
     assert json.loads((out / "summary.json").read_text())["benchmarks"]["mbpp"]["n_leaked"] == 0
 
 
@@ -292,16 +312,16 @@ def test_clean_export_keeps_format_for_json_and_parquet(tmp_path):
 
     out = tmp_path / "run"
     assert main(["screen", "--benchmark", f"a={as_json}", "--benchmark", f"b={as_parquet}", "--corpus", str(corpus),
-                 "--output", str(out), "--engine", "local", "--field", "both"]) == 0
+                 "--output", str(out), "--engine", "local", "--parts", "prompt,solution"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["benchmarks"]["a"]["leaked_task_ids"] == ["HumanEval/1"]
-    assert summary["config"]["field"] == "both"
+    assert summary["config"]["parts"] == ["prompt", "solution"]
     assert [r["task_id"] for r in json.loads((out / "clean/a/he.json").read_text())] == [
         "HumanEval/0", "HumanEval/2", "HumanEval/3"]
     assert pq.read_table(out / "clean/b/he.parquet").column("task_id").to_pylist() == [
         "HumanEval/0", "HumanEval/2", "HumanEval/3"]
     fields = {p[P.FIELD] for p in pq.read_table(out / "pairs.parquet").to_pylist()}
-    assert fields <= {"reference", "prompt"} and "reference" in fields
+    assert "prompt" in fields and fields <= {"solution", "prompt"}  # only the parts asked for
 
 
 def test_cli_refuses_bad_arguments(tmp_path, capsys):
@@ -317,14 +337,16 @@ def test_cli_refuses_bad_arguments(tmp_path, capsys):
 
 def test_export_problem_is_recorded_not_fatal(tmp_path):
     from leakray.screen import outputs as O
+    from leakray.screen.parts import Entries
 
     odd = tmp_path / "bench.csv"
     odd.write_text("task_id\nX/1\n")
-    entries = O.Entries()
+    entries = Entries()
     entries.benchmark, entries.task_id, entries.field = ["b"], ["X/1"], ["reference"]
     entries.text, entries.source_row = ["def f(): pass"], [1]
     pair = {"entry": 0, P.CORPUS_ID: "c.py", P.EST_JACCARD: 1.0, P.JACCARD: 1.0, P.CONTAINMENT: 1.0,
-            P.SAMPLE_SHINGLES: 5, P.CORPUS_SHINGLES: 5, P.SHARED_SHINGLES: 5, P.CORPUS_TEXT: "def f(): pass"}
+            P.SAMPLE_SHINGLES: 5, P.CORPUS_SHINGLES: 5, P.SHARED_SHINGLES: 5, P.CORPUS_TEXT: "def f(): pass",
+            P.LINE_START: 1, P.LINE_END: 1, P.SPAN_COVERAGE: 1.0}
     summary = O.write_outputs(tmp_path / "run", key="k", entries=entries, pairs=[pair], benchmarks=[("b", str(odd))],
                               n_tasks={"b": 1}, corpus_stats={}, config_record={}, seconds=0.0)
     assert summary["benchmarks"]["b"]["n_leaked"] == 1

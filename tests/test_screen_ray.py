@@ -38,9 +38,12 @@ def test_screen_on_local_ray_matches_local_engine(tmp_path):
         assert got["ray"]["benchmarks"][name] == got["local"]["benchmarks"][name]
     assert got["ray"]["benchmarks"]["humaneval"]["leaked_task_ids"] == [
         "HumanEval/0", "HumanEval/1", "HumanEval/2", "HumanEval/3"]
-    assert got["ray"]["corpus"]["skipped"] == got["local"]["corpus"]["skipped"]
-    assert got["ray"]["corpus"]["skipped"]["unreadable"] == 1 and got["ray"]["corpus"]["skipped"]["malformed"] == 1
-    key = ["task_id", "corpus_id", "jaccard", "containment", "est_jaccard"]
+    for level in ("files", "texts"):
+        assert got["ray"]["corpus"][level] == got["local"]["corpus"][level]
+    assert got["ray"]["corpus"]["files"]["skipped"]["unreadable"] == 1  # broken.parquet
+    assert got["ray"]["corpus"]["texts"]["skipped"]["malformed"] == 1  # a line of shard.jsonl
+    assert got["ray"]["corpus"]["files"]["accounted"]
+    key = ["task_id", "field", "corpus_id", "line_start", "jaccard", "containment", "span_coverage", "est_jaccard"]
     rows = {k: sorted(tuple(r[c] for c in key) for r in pq.read_table(tmp_path / k / "pairs.parquet").to_pylist())
             for k in ("ray", "local")}
     assert rows["ray"] == rows["local"]

@@ -1,21 +1,28 @@
 """Screening: near-duplicate search of benchmark samples in a readable corpus (LessLeak-Bench's
-MinHash + LSH, indexed once for all benchmarks, one corpus pass, plus exact containment).
+leakage ratio; every benchmark indexed once, one corpus pass, exact candidates and verification).
 
 Modules (plain Python on batches; Ray only in `leakray.pipelines.screen`):
 
-- `shingle`   code tokenizer (regex rule, numpy form) -> distinct 64-bit n-gram shingle hashes
-- `minhash`   signatures, bit-compatible with datasketch's "affine32" scheme (seeded, recorded)
-- `lsh`       datasketch's optimal (bands, rows); band keys in one sorted array; vectorised probe
-- `index`     `ScreenConfig` and `BenchmarkIndex` (shingle sets, signatures, bands, containment
-              prefix-filter index); numpy only, shared once through the object store
-- `verify`    exact |sample ∩ file| on the same shingle hashes that were MinHashed
-- `screener`  one corpus batch -> verified pairs + counters; corpus kinds files / jsonl / parquet
-- `corpus`    PATH_OR_GLOB -> files and shards; bad files counted under a reason, never fatal
-- `outputs`   pairs.parquet, summary.json, labels.csv, clean/<name>/<file>, _SUCCESS (run key)
-- `cli`       `leakray screen` (also `jobs/screen.py` for `ray job submit`)
+- `parts`      a sample's screened parts (prompt, solution, tests, task) -> index entries
+- `shingle`    code tokenizer (regex rule, numpy form; escapes as whitespace) -> distinct 48-bit shingles
+- `rarity`     which shingles are common in code (evidence needs rare ones)
+- `minhash`    signatures, bit-compatible with datasketch's "affine32" scheme (the estimate per pair)
+- `candidates` sorted-key probe and a bit-table prefilter
+- `index`      `ScreenConfig` and `BenchmarkIndex` (shingle sets, rare-shingle candidate index,
+               token sequences); numpy only, shared once through the object store
+- `verify`     exact |sample ∩ text|, and the aligned span check that tells a copy from chance
+- `formats`    which reader a file gets (extension under .gz/.zst/.bz2/.xz, else sniffed)
+- `readers`    files -> texts with provenance (file, record, key, line): code, text, markdown,
+               notebooks, JSON, JSONL, parquet, Arrow
+- `corpus`     PATH_OR_GLOB -> files to read; every file screened or counted skipped with a reason
+- `screener`   one corpus batch -> verified pairs + counters (files, documents, texts)
+- `columns`    the pairs' column names
+- `outputs`    pairs.parquet, summary.json, labels.csv, clean/<name>/<file>, _SUCCESS (run key)
+- `driver`     one screen end to end, engine-agnostic; the console's closing line
+- `cli`        `leakray screen` (also `jobs/screen.py` for `ray job submit`)
 
-A pair is reported when exact Jaccard >= threshold (candidates from LSH, files whose shingle
-count cannot reach the threshold with any sample are not even signed) or exact containment
-|sample ∩ file| / |sample| >= containment (candidates from the prefix filter, which misses no
-pair above the threshold); both measures and the MinHash estimate are written for every pair.
+A pair (sample part, corpus text) is reported when the text holds enough of the part's rare
+shingles (`index`) and exact Jaccard >= threshold, or exact containment |part ∩ text| / |part|
+>= containment with the part's tokens in aligned runs (`verify`); both measures, the span
+coverage, the MinHash estimate and where the copy is are written for every pair.
 """

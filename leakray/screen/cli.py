@@ -13,11 +13,24 @@ def _bench(spec: str) -> tuple[str, str]:
     return name, path
 
 
+def _parts(spec: str) -> tuple[str, ...]:
+    from leakray.screen.parts import PARTS
+
+    parts = PARTS if spec == "all" else tuple(p.strip() for p in spec.split(",") if p.strip())
+    if not parts or set(parts) - set(PARTS):
+        raise argparse.ArgumentTypeError(f"expected 'all' or some of {','.join(PARTS)}, got {spec!r}")
+    return parts
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from leakray.screen.parts import PARTS
+
     p.add_argument("--benchmark", action="append", type=_bench, required=True, metavar="NAME=PATH",
                    help="a benchmark file (any format the readers accept); repeat for several")
     p.add_argument("--corpus", required=True, metavar="PATH_OR_GLOB",
-                   help="a directory of source files (recursive), or JSONL/parquet shards with a 'content' column")
+                   help="a directory (recursive), a file or a glob: code, text, markdown, notebooks, JSON, JSONL, "
+                        "parquet/Arrow shards, any of them .gz/.zst/.bz2/.xz; other files are sniffed, and "
+                        "every file is either screened or counted as skipped with its reason")
     p.add_argument("--output", required=True, metavar="DIR",
                    help="run directory: a path, or a pyarrow filesystem URI (s3://bucket/prefix, file:///...)")
     p.add_argument("--threshold", type=float, default=0.7, help="Jaccard threshold (default 0.7)")
@@ -25,12 +38,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-perm", type=int, default=256, help="MinHash permutations (default 256)")
     p.add_argument("--containment", type=float, default=0.8,
                    help="containment threshold |sample ∩ file|/|sample| (default 0.8; 0 turns it off)")
-    p.add_argument("--field", choices=("reference", "prompt", "both"), default="reference",
-                   help="which text of each sample is screened (default: the reference solution)")
+    p.add_argument("--parts", type=_parts, default=PARTS, metavar="PART[,PART...]",
+                   help=f"which parts of each sample are screened, any one matching is a leak: {', '.join(PARTS)} "
+                        "or all (default: all)")
+    p.add_argument("--column", action="append", default=[], metavar="NAME",
+                   help="a parquet/Arrow column to screen; repeat for several (default: every string column "
+                        "whose values look like text)")
     p.add_argument("--seed", type=int, default=1, help="seed of the MinHash permutations (default 1)")
     p.add_argument("--min-containment-shingles", type=int, default=16,
                    help="samples with fewer shingles are screened by Jaccard only (default 16)")
-    p.add_argument("--max-file-bytes", type=int, default=2 << 20, help="larger corpus files are skipped as huge")
+    p.add_argument("--min-shingles", type=int, default=8,
+                   help="sample parts with fewer shingles are too generic to screen (default 8)")
+    p.add_argument("--min-rare-shingles", type=int, default=4,
+                   help="a pair shares at least this many shingles holding an uncommon token (default 4)")
+    p.add_argument("--span-tokens", type=int, default=8,
+                   help="aligned verification of a containment hit: runs of at least this many tokens (default 8)")
+    p.add_argument("--span-coverage", type=float, default=0.5,
+                   help="... must cover this share of the sample's tokens (default 0.5; 0 turns it off)")
+    p.add_argument("--max-file-bytes", type=int, default=2 << 20,
+                   help="larger code/text files and texts are skipped as huge (default 2 MiB)")
+    p.add_argument("--max-parse-bytes", type=int, default=64 << 20,
+                   help="larger JSON documents and notebooks are skipped as huge (default 64 MiB; JSONL streams)")
     p.add_argument("--engine", choices=("ray", "local"), default="ray", help="local: in-process, no Ray")
     p.add_argument("--workers", type=int, default=None, help="corpus actors (default: the cluster's CPUs)")
     p.add_argument("--address", default=None, help="Ray address, e.g. 'auto' for a cluster started with `ray start` (default: RAY_ADDRESS, else a "
@@ -43,21 +71,24 @@ def run(args: argparse.Namespace) -> int:
     from leakray.errors import BadInput
     from leakray.pipelines.screen import run_screen
     from leakray.runs import output_root
+    from leakray.screen.driver import closing_line
     from leakray.screen.index import ScreenConfig
     from leakray.storage import display, is_uri
 
     try:
         config = ScreenConfig(threshold=args.threshold, ngram=args.ngram, num_perm=args.num_perm, seed=args.seed,
-                              containment=args.containment, field=args.field,
+                              containment=args.containment, parts=args.parts, columns=tuple(args.column),
+                              min_shingles=args.min_shingles, min_rare_shingles=args.min_rare_shingles,
                               min_containment_shingles=args.min_containment_shingles,
-                              max_file_bytes=args.max_file_bytes)
+                              span_tokens=args.span_tokens, span_coverage=args.span_coverage,
+                              max_file_bytes=args.max_file_bytes, max_parse_bytes=args.max_parse_bytes)
         output = args.output if is_uri(args.output) else output_root(args.output)
-        run_screen(args.benchmark, args.corpus, output, config, engine=args.engine, workers=args.workers,
-                   address=args.address, num_cpus=args.num_cpus, force=args.force)
+        summary = run_screen(args.benchmark, args.corpus, output, config, engine=args.engine, workers=args.workers,
+                             address=args.address, num_cpus=args.num_cpus, force=args.force)
     except (BadInput, ValueError) as exc:
         print(f"leakray screen: {exc}", file=sys.stderr)
         return 2
-    print(f"leakray screen: outputs in {display(output) if is_uri(output) else output}")
+    print(closing_line(summary, display(output) if is_uri(output) else str(output)))
     return 0
 
 

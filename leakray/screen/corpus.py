@@ -1,41 +1,34 @@
-"""Corpus side, plain Python: what a PATH_OR_GLOB names, and turning raw files/records into
-(id, bytes) documents, each bad one counted under a reason instead of crashing the run.
+"""Corpus side, plain Python: what a PATH_OR_GLOB names. Every file found is planned for
+reading or counted as skipped with its reason, never dropped without a trace.
 
-Reasons: ``empty`` (no non-whitespace content), ``binary`` (a NUL byte in the first 8 KiB),
-``undecodable`` (not UTF-8), ``huge`` (over max_file_bytes), ``unreadable`` (OS error or a
-corrupt shard), ``malformed`` (a JSONL line that is not a JSON object), ``no_content`` (a
-record without a string/bytes ``content``), ``too_short`` (fewer tokens than the n-gram).
+File reasons: ``empty`` (no bytes, or only whitespace), ``binary`` (a binary extension, a NUL
+byte, or not UTF-8 where text was expected), ``huge`` (over max_file_bytes for a code/text
+file, over max_parse_bytes for a JSON document or notebook), ``unreadable`` (OS error, corrupt
+shard or compression), ``no_text_column`` (a parquet/Arrow shard with no text-like string
+column), ``no_text`` (read, but nothing in it long enough to screen). Text and record reasons
+(``too_short``, ``malformed``, ...) are counted apart, under ``texts``.
 """
 
 from __future__ import annotations
 
 import glob
-import gzip
-import json
 import os
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from leakray.errors import BadInput
+from leakray.screen import formats as F
+from leakray.screen.readers import check_bytes
 
-CONTENT = "content"  # corpus record columns (The Stack / StarCoderData spelling)
-ID_COLUMNS = ("id", "path", "max_stars_repo_path")
-
-SOURCE_EXTENSIONS = frozenset(
-    ".py .pyi .pyx .java .js .jsx .mjs .ts .tsx .c .h .cc .cpp .cxx .hpp .hh .cs .go .rs .rb .php "
-    ".scala .kt .kts .swift .m .mm .sh .bash .jl .lua .r .pl .pm .hs .ml .fs .clj .ex .exs .erl .dart "
-    ".groovy .sql .ipynb .vb .f90 .f .zig .nim .v .sv .vhd .cu .proto".split())
-JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson")
-PARQUET_SUFFIXES = (".parquet",)
 EXAMPLES_PER_REASON = 5
+SHARD_BYTES = 8 << 20  # a file this big is read alone (one work item), not batched with small files
 
 
 @dataclass
 class CorpusPlan:
-    files: list[tuple[str, int]] = field(default_factory=list)  # (path, size) of source files
-    jsonl: list[str] = field(default_factory=list)
-    parquet: list[str] = field(default_factory=list)
+    files: list[tuple[str, int]] = field(default_factory=list)  # (path, size): small files, read in batches
+    shards: list[tuple[str, int]] = field(default_factory=list)  # big or record-streamed files, one per item
+    formats: Counter = field(default_factory=Counter)  # files per format (planned and skipped)
     skipped: Counter = field(default_factory=Counter)
     examples: dict[str, list[str]] = field(default_factory=dict)
     seen: set[str] = field(default_factory=set, repr=False)
@@ -46,14 +39,13 @@ class CorpusPlan:
         if len(ex) < EXAMPLES_PER_REASON:
             ex.append(ident)
 
+    @property
+    def n_files(self) -> int:
+        return len(self.files) + len(self.shards) + sum(self.skipped.values())
+
     def fingerprint(self) -> list:
         """What identifies the corpus for the run key: paths, sizes, mtimes."""
-        out = []
-        for p, size in self.files:
-            out.append((p, size, _mtime(p)))
-        for p in self.jsonl + self.parquet:
-            out.append((p, _size(p), _mtime(p)))
-        return sorted(out)
+        return sorted((p, size, _mtime(p)) for p, size in self.files + self.shards)
 
 
 def _mtime(p: str) -> int:
@@ -63,27 +55,9 @@ def _mtime(p: str) -> int:
         return -1
 
 
-def _size(p: str) -> int:
-    try:
-        return os.stat(p).st_size
-    except OSError:
-        return -1
-
-
-def _kind(path: str) -> str | None:
-    low = path.lower()
-    if low.endswith(JSONL_SUFFIXES):
-        return "jsonl"
-    if low.endswith(PARQUET_SUFFIXES):
-        return "parquet"
-    if os.path.splitext(low)[1] in SOURCE_EXTENSIONS:
-        return "files"
-    return None
-
-
-def plan_corpus(spec: str, max_file_bytes: int, extensions: frozenset[str] = SOURCE_EXTENSIONS) -> CorpusPlan:
-    """Resolve a directory (recursively: source files by extension; JSONL/parquet shards too),
-    a single file, or a glob into the files to read. Empty and huge source files are skipped here."""
+def plan_corpus(spec: str, max_file_bytes: int, max_parse_bytes: int | None = None) -> CorpusPlan:
+    """Resolve a directory (recursively), a single file, or a glob into the files to read.
+    Empty files, binary extensions and code/text files over max_file_bytes are skipped here."""
     plan = CorpusPlan()
     if os.path.isdir(spec) or os.path.isfile(spec):
         roots = [spec]
@@ -96,62 +70,43 @@ def plan_corpus(spec: str, max_file_bytes: int, extensions: frozenset[str] = SOU
             for dirpath, dirnames, filenames in os.walk(root):
                 dirnames.sort()
                 for name in sorted(filenames):
-                    _add(plan, os.path.join(dirpath, name), max_file_bytes, extensions, explicit=False)
+                    _add(plan, os.path.join(dirpath, name), max_file_bytes, max_parse_bytes or max_file_bytes)
         else:
-            _add(plan, root, max_file_bytes, extensions, explicit=root == spec)  # named, not globbed
+            _add(plan, root, max_file_bytes, max_parse_bytes or max_file_bytes)
     return plan
 
 
-def _add(plan: CorpusPlan, path: str, max_bytes: int, extensions, explicit: bool) -> None:
+def _add(plan: CorpusPlan, path: str, max_bytes: int, max_parse: int) -> None:
     real = os.path.realpath(path)
     if real in plan.seen:  # a glob and a directory naming the same file, or a symlink: screen it once
         return
     plan.seen.add(real)
-    kind = _kind(path)
-    if kind == "files" and os.path.splitext(path.lower())[1] not in extensions:
-        kind = None
-    if kind is None:
-        if explicit:  # a file named on purpose is screened whatever its extension
-            kind = "files"
-        else:
-            return
-    if kind == "jsonl":
-        plan.jsonl.append(path)
-    elif kind == "parquet":
-        plan.parquet.append(path)
-    else:
-        try:
-            st = os.stat(path)
-        except OSError:
-            plan.skip("unreadable", path)
-            return
-        if not os.path.isfile(path):
-            return
-        if st.st_size == 0:
-            plan.skip("empty", path)
-        elif st.st_size > max_bytes:
-            plan.skip("huge", path)
-        else:
-            plan.files.append((path, st.st_size))
-
-
-def check_bytes(data: bytes, max_bytes: int) -> str | None:
-    """Why this content cannot be screened, or None if it can."""
-    if len(data) > max_bytes:
-        return "huge"
-    if not data.strip():
-        return "empty"
-    if b"\x00" in data[:8192]:
-        return "binary"
+    fmt, compression = F.detect(path)
+    plan.formats[fmt + (f"+{compression}" if compression else "")] += 1
     try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return "undecodable"
-    return None
+        st = os.stat(path)
+    except OSError:
+        plan.skip("unreadable", path)
+        return
+    if not os.path.isfile(path):
+        plan.skip("unreadable", path)  # a socket, a device, a dangling link
+    elif st.st_size == 0:
+        plan.skip("empty", path)
+    elif fmt == "binary":
+        plan.skip("binary", path)
+    elif fmt in F.WHOLE_TEXT and compression is None and st.st_size > max_bytes:
+        plan.skip("huge", path)
+    elif fmt in ("json", "notebook") and compression is None and st.st_size > max_parse:
+        plan.skip("huge", path)
+    elif fmt in F.STREAMED or compression is not None or st.st_size > SHARD_BYTES:
+        plan.shards.append((path, st.st_size))
+    else:
+        plan.files.append((path, st.st_size))
 
 
 def read_source_file(path: str, max_bytes: int) -> tuple[bytes | None, str | None]:
-    """Read at most max_bytes + 1 bytes (so a file that grew stays bounded in memory)."""
+    """One file's bytes, or why they cannot be screened; reads at most max_bytes + 1 bytes (so a
+    file that grew stays bounded in memory)."""
     try:
         with open(path, "rb") as fh:
             data = fh.read(max_bytes + 1)
@@ -159,63 +114,3 @@ def read_source_file(path: str, max_bytes: int) -> tuple[bytes | None, str | Non
         return None, "unreadable"
     reason = check_bytes(data, max_bytes)
     return (None, reason) if reason else (data, None)
-
-
-def content_bytes(value, max_bytes: int) -> tuple[bytes | None, str | None]:
-    """A record's content (str or bytes) as screenable UTF-8 bytes, or the reason it is not."""
-    if isinstance(value, str):
-        try:
-            data = value.encode("utf-8")
-        except UnicodeEncodeError:
-            return None, "undecodable"
-    elif isinstance(value, (bytes, bytearray, memoryview)):
-        data = bytes(value)
-    else:
-        return None, "no_content"
-    reason = check_bytes(data, max_bytes)
-    return (None, reason) if reason else (data, None)
-
-
-def record_id(rec: dict, fallback: str) -> str:
-    for col in ID_COLUMNS:
-        v = rec.get(col)
-        if v is not None and str(v):
-            return str(v)
-    return fallback
-
-
-def iter_jsonl_documents(path: str, max_bytes: int) -> Iterator[tuple[str, bytes | None, str | None]]:
-    """(id, content bytes or None, skip reason) per line of a JSONL(.gz) shard, streaming.
-    A shard that cannot be opened or stops decoding yields one ('path', None, 'unreadable')."""
-    try:
-        opener = gzip.open if path.lower().endswith(".gz") else open
-        with opener(path, "rb") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                ident = f"{path}:{lineno}"
-                try:
-                    rec = json.loads(line)
-                except (json.JSONDecodeError, UnicodeDecodeError):
-                    yield ident, None, "malformed"
-                    continue
-                if not isinstance(rec, dict):
-                    yield ident, None, "malformed"
-                    continue
-                data, reason = content_bytes(rec.get(CONTENT), max_bytes)
-                yield record_id(rec, ident), data, reason
-    except (OSError, EOFError, gzip.BadGzipFile):
-        yield path, None, "unreadable"
-
-
-def parquet_columns(path: str) -> tuple[list[str] | None, str | None]:
-    """Columns to read from a parquet shard (content + an id column), or why it is unusable."""
-    try:
-        import pyarrow.parquet as pq
-
-        names = pq.ParquetFile(path).schema_arrow.names
-    except Exception:  # corrupt footer, not parquet, unreadable: all the same to the screen
-        return None, "unreadable"
-    if CONTENT not in names:
-        return None, "no_content"
-    return [CONTENT] + [c for c in ID_COLUMNS if c in names][:1], None

@@ -3,10 +3,17 @@
 summary.json::
 
     {"benchmarks": {NAME: {"n_samples", "n_leaked", "ratio", "n_pairs", "n_unscreenable",
-                           "leaked_task_ids", "path", "clean_export"}},
-     "corpus": {"files_in", "screened", "skipped": {reason: n}, "skipped_examples": {...}, ...},
-     "config": {threshold, ngram, num_perm, seed, bands, rows, containment, ...},
+                           "parts": {PART: {"n_screenable", "n_leaked", "ratio"}},
+                           "documents_per_task": {task_id: n}, "leaked_task_ids", "path", "clean_export"}},
+     "corpus": {"files": {"in", "screened", "skipped": {reason: n}, "truncated", "formats"},
+                "documents": n, "texts": {"screened", "skipped": {reason: n}}, "skipped_examples", ...},
+     "config": {threshold, containment, ngram, parts, span_tokens, span_coverage, ...},
      "run_key": ..., "seconds": ...}
+
+``ratio`` is LessLeak's leakage ratio: leaked samples / samples, a sample being leaked when any
+of its screened parts has a pair; per part, the same over that part's pairs. A document is a
+corpus file, or one record of a JSONL / JSON array / parquet / Arrow shard; documents_per_task
+counts the distinct documents holding a copy of some part of the task.
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ import pyarrow.parquet as pq
 from leakray.data.io import iter_records
 from leakray.errors import BadInput
 from leakray.runs import file_digest
-from leakray.schema import P, T
+from leakray.screen.columns import S
+from leakray.screen.parts import PARTS, Entries
 
 MARKER = "_SUCCESS"
 PAIRS = "pairs.parquet"
@@ -36,40 +44,14 @@ LABELS = ("exact_copy", "semantically_equivalent", "related_not_duplicate", "unr
 SHEET_PAIRS_PER_SAMPLE = 5
 
 PAIRS_SCHEMA = pa.schema([
-    (P.BENCHMARK, pa.string()), (P.TASK_ID, pa.string()), (P.FIELD, pa.string()), (P.CORPUS_ID, pa.string()),
-    (P.EST_JACCARD, pa.float64()), (P.JACCARD, pa.float64()), (P.CONTAINMENT, pa.float64()),
-    (P.SAMPLE_SHINGLES, pa.int64()), (P.CORPUS_SHINGLES, pa.int64()), (P.SHARED_SHINGLES, pa.int64()),
+    (S.BENCHMARK, pa.string()), (S.TASK_ID, pa.string()), (S.PART, pa.string()), (S.CORPUS_ID, pa.string()),
+    (S.CORPUS_FILE, pa.string()), (S.CORPUS_RECORD, pa.int64()), (S.CORPUS_KEY, pa.string()),
+    (S.LINE_START, pa.int64()), (S.LINE_END, pa.int64()),
+    (S.EST_JACCARD, pa.float64()), (S.JACCARD, pa.float64()), (S.CONTAINMENT, pa.float64()),
+    (S.SPAN_COVERAGE, pa.float64()),
+    (S.SAMPLE_SHINGLES, pa.int64()), (S.CORPUS_SHINGLES, pa.int64()), (S.SHARED_SHINGLES, pa.int64()),
+    (S.SAMPLE_RARE, pa.int64()), (S.SHARED_RARE, pa.int64()),
 ])
-
-
-class Entries:
-    """The screened texts, in index order: (benchmark, task_id, field, text, source_row)."""
-
-    def __init__(self):
-        self.benchmark: list[str] = []
-        self.task_id: list[str] = []
-        self.field: list[str] = []
-        self.text: list[str] = []
-        self.source_row: list[int | None] = []
-
-    def __len__(self) -> int:
-        return len(self.text)
-
-    @classmethod
-    def from_tasks(cls, tasks_by_benchmark: dict[str, list[dict]], field: str) -> Entries:
-        fields = ("reference", "prompt") if field == "both" else (field,)
-        col = {"reference": T.REFERENCE, "prompt": T.PROMPT}
-        out = cls()
-        for name, tasks in tasks_by_benchmark.items():
-            for task in tasks:
-                meta = json.loads(task.get(T.META) or "{}")
-                for f in fields:
-                    out.benchmark.append(name)
-                    out.task_id.append(task[T.TASK_ID])
-                    out.field.append(f)
-                    out.text.append(task[col[f]])
-                    out.source_row.append(meta.get("source_row"))
-        return out
 
 
 def run_key(config_digest: str, benchmarks: list[tuple[str, str]], corpus_fingerprint: list) -> str:
@@ -98,7 +80,7 @@ def _atomic_write(path: Path, write) -> None:
 def write_outputs(out_dir: str | Path, *, key: str, entries: Entries, pairs: list[dict],
                   benchmarks: list[tuple[str, str]], n_tasks: dict[str, int], corpus_stats: dict,
                   config_record: dict, seconds: float, screenable=()) -> dict:
-    """Write every output, the marker last. `pairs` are worker records (entry index + P columns)."""
+    """Write every output, the marker last. `pairs` are worker records (entry index + S columns)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     marker = out / MARKER
@@ -107,70 +89,77 @@ def write_outputs(out_dir: str | Path, *, key: str, entries: Entries, pairs: lis
     rows = []
     for p in pairs:
         e = p["entry"]
-        rows.append({P.BENCHMARK: entries.benchmark[e], P.TASK_ID: entries.task_id[e], P.FIELD: entries.field[e],
-                     **{k: p[k] for k in PAIRS_SCHEMA.names if k in p}, "_entry": e,
-                     "_text": p.get(P.CORPUS_TEXT, "")})
-    rows.sort(key=lambda r: (r[P.BENCHMARK], r[P.TASK_ID], r[P.FIELD], -r[P.JACCARD], -r[P.CONTAINMENT],
-                             r[P.CORPUS_ID]))
+        rows.append({**{k: p.get(k) for k in PAIRS_SCHEMA.names}, S.BENCHMARK: entries.benchmark[e],
+                     S.TASK_ID: entries.task_id[e], S.PART: entries.field[e], "_entry": e,
+                     "_text": p.get(S.CORPUS_TEXT, "")})
+    rows.sort(key=lambda r: (r[S.BENCHMARK], r[S.TASK_ID], _part_order(r[S.PART]), -r[S.JACCARD],
+                             -r[S.CONTAINMENT], r[S.CORPUS_ID]))
     table = pa.Table.from_pylist([{k: r[k] for k in PAIRS_SCHEMA.names} for r in rows], schema=PAIRS_SCHEMA)
     _atomic_write(out / PAIRS, lambda p: pq.write_table(table, p))
-
-    # labelling sheet: the best few pairs per sample, both texts, an empty label
-    per_sample = defaultdict(int)
-
-    def write_sheet(path):
-        with open(path, "w", newline="", encoding="utf-8") as fh:
-            w = csv.writer(fh)
-            w.writerow([P.BENCHMARK, P.TASK_ID, P.FIELD, P.CORPUS_ID, P.JACCARD, P.CONTAINMENT, P.EST_JACCARD,
-                        P.SAMPLE_TEXT, P.CORPUS_TEXT, P.LABEL])
-            for r in rows:
-                k = (r[P.BENCHMARK], r[P.TASK_ID], r[P.FIELD])
-                per_sample[k] += 1
-                if per_sample[k] > SHEET_PAIRS_PER_SAMPLE:
-                    continue
-                w.writerow([r[P.BENCHMARK], r[P.TASK_ID], r[P.FIELD], r[P.CORPUS_ID], f"{r[P.JACCARD]:.4f}",
-                            f"{r[P.CONTAINMENT]:.4f}", f"{r[P.EST_JACCARD]:.4f}", entries.text[r['_entry']],
-                            r["_text"], ""])
-
-    _atomic_write(out / SHEET, write_sheet)
-
-    leaked: dict[str, set[str]] = defaultdict(set)
-    leaked_rows: dict[str, set] = defaultdict(set)
-    n_pairs: dict[str, int] = defaultdict(int)
-    for r in rows:
-        leaked[r[P.BENCHMARK]].add(r[P.TASK_ID])
-        leaked_rows[r[P.BENCHMARK]].add(entries.source_row[r["_entry"]])
-        n_pairs[r[P.BENCHMARK]] += 1
-    unscreenable = defaultdict(set)
-    for e, ok in enumerate(screenable):
-        if not ok:
-            unscreenable[entries.benchmark[e]].add(entries.task_id[e])
+    _atomic_write(out / SHEET, lambda p: _write_sheet(p, rows, entries))
 
     per_bench = {}
     for name, path in benchmarks:
+        mine = [r for r in rows if r[S.BENCHMARK] == name]
+        leaked = sorted({r[S.TASK_ID] for r in mine})
         n = n_tasks[name]
-        clean_export, clean_error = None, None
-        if None in leaked_rows[name]:
-            clean_error = "the reader recorded no source_row for a flagged task"
-        else:
-            try:  # never lose a finished pass to an export problem (e.g. a format added to the readers later)
-                clean_export = str(export_clean(path, out / CLEAN / name, leaked_rows[name]).relative_to(out))
-            except (BadInput, OSError, ValueError) as exc:
-                clean_error = str(exc)
+        docs: dict[str, set] = defaultdict(set)
+        for r in mine:
+            docs[r[S.TASK_ID]].add((r[S.CORPUS_FILE] or r[S.CORPUS_ID], r[S.CORPUS_RECORD]))
+        parts = {}
+        for part in PARTS:
+            ok = {entries.task_id[e] for e, good in enumerate(screenable)
+                  if good and entries.benchmark[e] == name and entries.field[e] == part}
+            hit = {r[S.TASK_ID] for r in mine if r[S.PART] == part}
+            if ok or hit:
+                parts[part] = {"n_screenable": len(ok), "n_leaked": len(hit), "ratio": len(hit) / n if n else 0.0}
+        some_part = {entries.task_id[e] for e, good in enumerate(screenable) if good and entries.benchmark[e] == name}
         per_bench[name] = {
-            "n_samples": n, "n_leaked": len(leaked[name]),
-            "ratio": (len(leaked[name]) / n) if n else 0.0, "n_pairs": n_pairs[name],
-            "n_unscreenable": len(unscreenable[name]), "leaked_task_ids": sorted(leaked[name]),
-            "path": str(path), "clean_export": clean_export,
+            "n_samples": n, "n_leaked": len(leaked), "ratio": len(leaked) / n if n else 0.0, "n_pairs": len(mine),
+            "n_unscreenable": n - len(some_part) if len(screenable) else 0, "parts": parts,
+            "documents_per_task": {t: len(d) for t, d in sorted(docs.items())}, "leaked_task_ids": leaked,
+            "path": str(path),
+            **_clean(path, out / CLEAN / name, {entries.source_row[r["_entry"]] for r in mine}, out),
         }
-        if clean_error:
-            per_bench[name]["clean_export_error"] = clean_error
     summary = {"benchmarks": per_bench, "corpus": corpus_stats, "config": config_record,
                "run_key": key, "seconds": round(seconds, 3),
                "outputs": {"pairs": PAIRS, "sheet": SHEET, "clean": CLEAN, "labels": list(LABELS)}}
     _atomic_write(out / SUMMARY, lambda p: p.write_text(json.dumps(summary, indent=2, sort_keys=True)))
     marker.write_text(json.dumps({"run_key": key, "config_digest": config_record.get("digest")}))
     return summary
+
+
+def _part_order(part: str) -> int:
+    return PARTS.index(part) if part in PARTS else len(PARTS)
+
+
+def _write_sheet(path, rows: list[dict], entries: Entries) -> None:
+    """The labelling sheet: the best few pairs per sample part, both texts, an empty label."""
+    per_sample: dict[tuple, int] = defaultdict(int)
+    cols = [S.BENCHMARK, S.TASK_ID, S.PART, S.CORPUS_ID, S.LINE_START, S.LINE_END, S.JACCARD, S.CONTAINMENT,
+            S.SPAN_COVERAGE, S.EST_JACCARD, S.SAMPLE_TEXT, S.CORPUS_TEXT, S.LABEL]
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(cols)
+        for r in rows:
+            k = (r[S.BENCHMARK], r[S.TASK_ID], r[S.PART])
+            per_sample[k] += 1
+            if per_sample[k] > SHEET_PAIRS_PER_SAMPLE:
+                continue
+            w.writerow([r[S.BENCHMARK], r[S.TASK_ID], r[S.PART], r[S.CORPUS_ID], r[S.LINE_START], r[S.LINE_END],
+                        f"{r[S.JACCARD]:.4f}", f"{r[S.CONTAINMENT]:.4f}", f"{r[S.SPAN_COVERAGE] or 0.0:.4f}",
+                        f"{r[S.EST_JACCARD] or 0.0:.4f}", entries.text[r['_entry']], r["_text"], ""])
+
+
+def _clean(path, dest: Path, drop_rows: set, out: Path) -> dict:
+    """The clean export's entry in the summary; never lose a finished pass to an export problem
+    (e.g. a format added to the readers later)."""
+    if None in drop_rows:
+        return {"clean_export": None, "clean_export_error": "the reader recorded no source_row for a flagged task"}
+    try:
+        return {"clean_export": str(export_clean(path, dest, drop_rows).relative_to(out))}
+    except (BadInput, OSError, ValueError) as exc:
+        return {"clean_export": None, "clean_export_error": str(exc)}
 
 
 def export_clean(path: str | Path, out_dir: Path, drop_rows: set) -> Path:

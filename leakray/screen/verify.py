@@ -1,10 +1,11 @@
-"""Exact verification of candidate pairs on the same shingle hashes that were MinHashed."""
+"""Exact verification of candidate pairs: shared shingles (the same hashes the filter used) and
+an aligned span check that tells a copy from a chance overlap of common shingles."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from leakray.screen.shingle import ShingleSets
+from leakray.screen.shingle import ShingleSets, fold
 
 
 def gather(sets: ShingleSets, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -42,6 +43,53 @@ def intersections(entries: ShingleSets, files: ShingleSets, file_rows: np.ndarra
         counts[nz] = np.add.reduceat(hit, starts[nz])
         out[grp] = counts
     return out
+
+
+class Runs:
+    """A corpus text's runs of r consecutive tokens, hashed and sorted, per r (computed once),
+    and where each token starts in the text."""
+
+    def __init__(self, token_hashes: np.ndarray, starts: np.ndarray | None = None):
+        self.tokens, self.starts = token_hashes, starts
+        self._by_len: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def of(self, r: int) -> tuple[np.ndarray, np.ndarray]:
+        if r not in self._by_len:
+            g = fold(self.tokens, r)
+            order = np.argsort(g, kind="stable")
+            self._by_len[r] = (g[order], order)
+        return self._by_len[r]
+
+
+def aligned_span(sample: np.ndarray, text: Runs, span_tokens: int) -> tuple[float, int, int]:
+    """(coverage, first, last): the share of the sample's tokens that lie in runs of at least
+    `span_tokens` tokens (fewer for a shorter sample) found in the same order in the text, and
+    the text's first and last token of the aligned copy (-1, -1 when none).
+
+    A copy covers nearly all of its sample, even with a few edits; shingles shared by chance
+    (punctuation, numbers, keywords spread over a large file) are not in long aligned runs.
+    """
+    r = min(span_tokens, len(sample))
+    if r == 0 or len(text.tokens) < r:
+        return 0.0, -1, -1
+    runs, order = text.of(r)
+    grams = fold(sample, r)
+    pos = np.searchsorted(runs, grams).clip(max=len(runs) - 1)
+    hit = runs[pos] == grams
+    j = np.flatnonzero(hit)
+    if len(j) == 0:
+        return 0.0, -1, -1
+    n = len(sample)
+    marks = np.bincount(j, minlength=n + 1) - np.bincount(j + r, minlength=n + r + 1)[:n + 1]
+    coverage = float(np.count_nonzero(np.cumsum(marks[:n]) > 0)) / n
+    where = order[pos[j]]
+    # the copy's place: the windows on the main alignment diagonal (text position - sample
+    # position), so boilerplate repeated elsewhere in the text does not stretch the span
+    diag = where - j
+    values, counts = np.unique(diag, return_counts=True)
+    main = values[np.argmax(counts)]
+    near = np.abs(diag - main) <= r + n // 10  # a few insertions or deletions in the copy
+    return coverage, int(where[near].min()), int(where[near].max()) + r - 1
 
 
 def jaccard_exact(a: np.ndarray, b: np.ndarray) -> float:

@@ -1,0 +1,253 @@
+"""`leakray screen` on a corpus holding HumanEval in every form a leak takes (built by
+tests/screen_corpus.py, no network), the chance-match mechanism, and each reader."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import screen_corpus as SC  # noqa: E402
+
+from leakray.screen.columns import S  # noqa: E402
+from leakray.screen.index import BenchmarkIndex, ScreenConfig  # noqa: E402
+from leakray.screen.parts import Entries  # noqa: E402
+from leakray.screen.readers import Reader, Skip  # noqa: E402
+from leakray.screen.screener import BatchScreener, Stats, screen_documents  # noqa: E402
+from leakray.screen.shingle import shingle_batch  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    from leakray.cli import main
+
+    root = tmp_path_factory.mktemp("planted")
+    corpus = SC.build(root)
+    out = root / "out"
+    assert main(["screen", "--benchmark", f"humaneval={corpus.benchmark}", "--corpus", str(corpus.root),
+                 "--output", str(out), "--engine", "local"]) == 0
+    return corpus, out
+
+
+def _screenable(corpus) -> set[tuple[str, str]]:
+    from leakray.data.registry import load_benchmark_file
+
+    entries = Entries.from_tasks({"h": load_benchmark_file("humaneval", corpus.benchmark)})
+    index = BenchmarkIndex(ScreenConfig(), entries.text, groups=entries.group_ids())
+    return {(t, p) for t, p, ok in zip(entries.task_id, entries.field, index.screenable) if ok}
+
+
+def test_every_planted_copy_is_found_with_part_and_provenance(planted, capsys):
+    corpus, out = planted
+    pairs = pq.read_table(out / "pairs.parquet").to_pylist()
+    found = {(p[S.TASK_ID], p[S.PART], p[S.CORPUS_FILE]) for p in pairs}
+    ok = _screenable(corpus)
+    for form, copies in corpus.copies.items():
+        want = {c for c in copies if c[:2] in ok}
+        assert want, form
+        assert want <= found, (form, sorted(want - found))
+    # no false pair: every pair is a task with a file it was planted in
+    planted_in = corpus.planted_files()
+    assert all(p[S.CORPUS_FILE] in planted_in.get(p[S.TASK_ID], ()) for p in pairs)
+    by_file = {}
+    for p in pairs:
+        by_file.setdefault(Path(p[S.CORPUS_FILE]).name, []).append(p)
+    jl = by_file["human-eval-copy.jsonl"]
+    assert {p[S.CORPUS_KEY] for p in jl} >= {"prompt", "canonical_solution"}
+    assert all(p[S.CORPUS_RECORD] == p[S.LINE_START] == p[S.LINE_END] >= 1 for p in jl)
+    assert {p[S.CORPUS_KEY] for p in by_file["samples.json"]} == {"prompt", "completion"}
+    assert all(p[S.CORPUS_KEY].startswith("cells[") for p in by_file["practice.ipynb"])
+    assert all(p[S.CORPUS_KEY] == "text" and p[S.CORPUS_RECORD] < SC.TASKS_PER_FORM
+               for p in by_file["train-00000.parquet"])
+    md = [p for name, ps in by_file.items() if name.endswith(".md") for p in ps]
+    assert md and all(p[S.CORPUS_KEY].startswith("fence[") and p[S.LINE_START] > 4 for p in md)
+    esc = by_file["prompts.py"]  # one escaped literal per line, from line 4 on
+    assert esc and all(p[S.LINE_START] == p[S.LINE_END] >= 4 for p in esc)
+    assert all(p[S.SPAN_COVERAGE] >= 0.5 and p[S.SHARED_RARE] >= 4 for p in pairs)
+
+
+def test_summary_accounts_for_every_file_and_reports_parts(planted):
+    corpus, out = planted
+    summary = json.loads((out / "summary.json").read_text())
+    files = summary["corpus"]["files"]
+    assert files["in"] == SC.count_files(corpus.root)
+    assert files["accounted"] and files["screened"] + sum(files["skipped"].values()) == files["in"]
+    assert files["skipped"] == corpus.skipped
+    assert summary["corpus"]["documents"] > files["screened"]  # shard records are documents, files are not
+    he = summary["benchmarks"]["humaneval"]
+    ok = _screenable(corpus)
+    planted_tasks = {t for copies in corpus.copies.values() for t, part, _ in copies if (t, part) in ok}
+    assert set(he["leaked_task_ids"]) == planted_tasks
+    assert he["ratio"] == len(planted_tasks) / len(corpus.tasks)
+    assert he["n_unscreenable"] == 0 and he["parts"]["tests"]["n_screenable"] < len(corpus.tasks)
+    assert set(he["parts"]) == {"prompt", "solution", "tests", "task"}
+    assert all(v["n_leaked"] <= v["n_screenable"] for v in he["parts"].values())
+    assert he["parts"]["prompt"]["n_screenable"] == len(corpus.tasks)
+    assert set(he["documents_per_task"]) == planted_tasks
+    # a task planted in a JSONL copy and a write-up elsewhere would count both; here each in its own
+    assert min(he["documents_per_task"].values()) >= 1
+
+
+def test_console_last_line_says_what_was_read(planted, tmp_path, capsys):
+    from leakray.cli import main
+
+    corpus, out = planted
+    capsys.readouterr()
+    assert main(["screen", "--benchmark", f"humaneval={corpus.benchmark}", "--corpus", str(corpus.root),
+                 "--output", str(out), "--engine", "local"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    n = SC.count_files(corpus.root)
+    assert f"{n} files:" in last and "4 skipped (binary 2, empty 1, unreadable 1)" in last
+    assert "documents" in last and "humaneval" in last and str(out) in last
+
+
+# ---------------------------------------------------------------- chance matches
+
+
+def _numeric_tests(rng, n_lines, name):
+    return "\n".join(f"    assert {name}([{', '.join(str(rng.randrange(10)) for _ in range(5))}], {rng.randrange(10)})"
+                     f" == {rng.randrange(10)}" for _ in range(n_lines))
+
+
+def test_short_sample_is_not_matched_by_chance_in_a_large_unrelated_file():
+    """The chance match seen on a real corpus: a short test-like sample, mostly punctuation and
+    numbers, 'contained' (>= 0.8 of its shingles) in a large unrelated test file."""
+    rng = random.Random(3)
+    sample = ("def check(candidate):\n" + _numeric_tests(rng, 6, "candidate")
+              + "\n    assert candidate([1, 2], parse_nested_parens) == 3\n")
+    big = "import pytest\n\n\ndef check(candidate):\n    return candidate\n\n" + "\n".join(
+        f"def test_{i}():\n" + _numeric_tests(rng, 3, "compute") + f"\n    assert len(data[{rng.randrange(1000)}]) == "
+        f"{rng.randrange(1000)}" for i in range(1500))
+    sets = shingle_batch([sample, big])
+    shared = len(np.intersect1d(sets[0], sets[1]))
+    assert sets.sizes[1] > 6000 and shared / sets.sizes[0] >= 0.8  # the old rule called this a copy
+    index = BenchmarkIndex(ScreenConfig(), [sample])
+    assert index.screenable[0] and index.contain_ok[0]
+    stats = Stats()
+    assert screen_documents(index, ["big_test.py"], [big.encode()], stats) == []
+    # recall held: the same sample really copied into that file is found, with its lines
+    lines = big.split("\n")
+    copy = "\n".join(lines[:100] + [sample] + lines[100:])
+    pairs = screen_documents(index, ["copy.py"], [copy.encode()])
+    assert len(pairs) == 1 and pairs[0][S.CONTAINMENT] == 1.0 and pairs[0][S.SPAN_COVERAGE] == 1.0
+    assert pairs[0][S.LINE_START] == 101
+
+
+def test_span_check_rejects_shingles_shared_out_of_order():
+    sample = ("def rolling_max(numbers, window):\n    result = []\n    running_max = None\n"
+              "    for n in numbers:\n        running_max = n if running_max is None else max(running_max, n)\n"
+              "        result.append(running_max)\n    return result\n")
+    from leakray.screen.shingle import tokenize
+
+    toks = [t.decode() for t in tokenize(sample)]
+    bigrams = [f"{a} {b}" for a, b in zip(toks, toks[1:])]
+    random.Random(0).shuffle(bigrams)
+    shuffled = "\n".join(f"{b}  # {i}" for i, b in enumerate(bigrams))  # every shingle, no run of 3 tokens
+    index = BenchmarkIndex(ScreenConfig(span_tokens=8), [sample])
+    stats = Stats()
+    assert screen_documents(index, ["shuffled.py"], [shuffled.encode()], stats) == []
+    assert stats["rejected_by_span"] == 1
+    assert screen_documents(BenchmarkIndex(ScreenConfig(span_coverage=0.0), [sample]), ["s"], [shuffled.encode()])
+
+
+def test_false_positives_on_unrelated_code_are_zero():
+    from leakray.data.registry import load_benchmark
+
+    entries = Entries.from_tasks({"humaneval": load_benchmark("humaneval")})
+    index = BenchmarkIndex(ScreenConfig(), entries.text, groups=entries.group_ids())
+    paths = SC.unrelated_sources(300, seed=5)
+    stats = Stats()
+    pairs = screen_documents(index, [str(p) for p in paths], [p.read_bytes() for p in paths], stats)
+    assert pairs == [] and stats["texts_screened"] == len(paths)
+
+
+# ---------------------------------------------------------------- readers
+
+
+def _read(path, **kw):
+    counts = Stats()
+    reader = Reader(kw.get("max_text", 1 << 20), kw.get("max_parse", 1 << 22), kw.get("min_text", 8),
+                    kw.get("columns", ()))
+    return list(reader.read(str(path), counts)), counts
+
+
+def test_json_walks_every_string_with_its_key_path(tmp_path):
+    p = tmp_path / "d.json"
+    p.write_text(json.dumps({"a": {"x": "some text value here", "n": 3}, "b": {"y": ["first string long", "no"]}}))
+    pieces, counts = _read(p)
+    got = {(x.record, x.key, x.reason) for x in pieces}
+    assert got == {(0, "a.x", None), (1, "b.y[0]", None), (1, "b.y[1]", "too_short")}
+    assert counts["documents"] == 2
+
+
+def test_markdown_fences_and_prose_keep_their_lines(tmp_path):
+    p = tmp_path / "w.md"
+    p.write_text("# Title\n\nProse line.\n\n```python\ndef f():\n    return 1\n```\n\n~~~\nplain block\n~~~\nEnd.\n")
+    pieces, _ = _read(p)
+    keys = [(x.key, x.line) for x in pieces]
+    assert keys == [("fence[0] python", 6), ("fence[1]", 11), ("text", 1)]
+    prose = pieces[-1].data.decode()
+    assert "def f" not in prose and prose.count("\n") == p.read_text().count("\n") and "End." in prose
+
+
+def test_escaped_code_tokenizes_like_the_code():
+    code = 'def f(s):\n    """Say "hi"."""\n    return s.split("\\n")\n'
+    as_json = json.dumps(json.dumps(code))  # escaped twice: a JSON string inside a JSON string
+    sets = shingle_batch([code, repr(code), as_json])
+    for i in (1, 2):
+        assert len(np.intersect1d(sets[0], sets[i])) == sets.sizes[0]
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".zst", ".bz2", ".xz"])
+def test_compressed_shards_stream(tmp_path, suffix):
+    import bz2
+    import lzma
+
+    data = "".join(json.dumps({"text": f"line number {i} of a compressed shard"}) + "\n" for i in range(50)).encode()
+    comp = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress,
+            ".zst": lambda d: pa.compress(d, codec="zstd", asbytes=True)}[suffix]
+    p = tmp_path / f"s.jsonl{suffix}"
+    p.write_bytes(comp(data))
+    pieces, counts = _read(p)
+    assert [x.record for x in pieces] == list(range(1, 51)) and counts["documents"] == 50
+    broken = tmp_path / f"broken.jsonl{suffix}"
+    broken.write_bytes(comp(data)[: len(comp(data)) // 2])
+    pairs, st = BatchScreener(BenchmarkIndex(ScreenConfig(), ["x = 1"]), "files")({"path": [str(broken)]})
+    assert st["files_in"] == 1 and (st["files_truncated"] == 1 or st["files_skipped:unreadable"] == 1)
+
+
+def test_parquet_and_arrow_columns_named_or_sniffed(tmp_path):
+    table = pa.table({"id": ["a", "b"], "body": ["def long_function_name(x):\n    return x * 2\n"] * 2,
+                      "lang": ["py", "py"]})
+    pq.write_table(table, tmp_path / "t.parquet")
+    pieces, counts = _read(tmp_path / "t.parquet")
+    assert {(x.record, x.key) for x in pieces} == {(0, "body"), (1, "body")} and counts["documents"] == 2
+    pieces, _ = _read(tmp_path / "t.parquet", columns=("lang",))
+    assert {x.key for x in pieces} == {"lang"}
+    with pytest.raises(Skip, match="no_text_column"):
+        _read(tmp_path / "t.parquet", columns=("missing",))
+    with pa.OSFile(str(tmp_path / "t.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)  # the file format (the stream format is in the planted corpus)
+    pieces, _ = _read(tmp_path / "t.arrow")
+    assert {(x.record, x.key) for x in pieces} == {(0, "body"), (1, "body")}
+
+
+def test_unknown_extensions_are_sniffed(tmp_path):
+    (tmp_path / "a.weird").write_text('{"k": "a string value long enough"}\n{"k": "another string value"}\n')
+    (tmp_path / "b.weird").write_bytes(b"\x00\x01binary")
+    (tmp_path / "c").write_text("plain text file content\n")
+    pieces, _ = _read(tmp_path / "a.weird")
+    assert [(x.record, x.key) for x in pieces] == [(1, "k"), (2, "k")]
+    with pytest.raises(Skip, match="binary"):
+        _read(tmp_path / "b.weird")
+    pieces, _ = _read(tmp_path / "c")
+    assert pieces[0].key == "" and pieces[0].record is None
