@@ -17,14 +17,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from leakray.config import LOCAL_MODELS, AuditConfig, to_stage
-from leakray.console import Console, setup_logging
+from leakray.console import Console
 from leakray.data.registry import benchmark_path
 from leakray.detect.card import DetectorCard
 from leakray.errors import BadInput
 from leakray.protocols.simulate import (base_model, collect_config, load_tasks, model_path, preflight_isolation,
                                         training_text)
 from leakray.runs import StageRunner, StageSpec, content_hash, write_json_atomic
-from leakray.storage import RunStore, is_uri, local_copy
+from leakray.storage import is_uri, local_copy
 from leakray.schema import C, R, T
 
 CARD_STAGES = ("shadow", "collect_shadow", "card")
@@ -221,7 +221,7 @@ def collection_settings(cfg: AuditConfig, reference: str) -> dict:
 def run_audit(cfg: AuditConfig, console: Console | None = None, card_only: bool = False) -> Path:
     """Run (or resume) an audit; returns its directory (report.json, report.md, report.html).
     ``card_only``: stop once the detector card is built (`leakray card build`)."""
-    from leakray.executor.runtime import ensure_ray
+    from leakray.protocols.engine import open_run, stage_runner
     from leakray.report.audit import write_audit_report
 
     console = console or Console()
@@ -238,22 +238,17 @@ def run_audit(cfg: AuditConfig, console: Console | None = None, card_only: bool 
         hashed = cfg.model_dump(include={"benchmark", "model", "shadow", "sample", "columns", "embed", "detect"})
         hashed["audit"] = cfg.audit.model_dump(include={"shadow_seed", "validation_share", "calibration", "fpr",
                                                         "reference_model"})
-        store = RunStore(cfg.output_dir, f"card-{cfg.benchmark.name}-{content_hash(hashed, digest)}")
+        name = f"card-{cfg.benchmark.name}-{content_hash(hashed, digest)}"
     else:
-        key = content_hash(cfg.hashed(), digest, card_id)
-        store = RunStore(cfg.output_dir, f"audit-{cfg.benchmark.name}-{key}")
+        name = f"audit-{cfg.benchmark.name}-{content_hash(cfg.hashed(), digest, card_id)}"
+    store = open_run(cfg, name, len(tasks), console, label="audit directory")
     run_dir = store.local
-    write_json_atomic(run_dir / "config.json", cfg.model_dump())
-    log_file = setup_logging(run_dir / "logs", console.verbose)
-    console.say(f"audit directory {store.location} ({len(tasks)} tasks; logs in {log_file.relative_to(run_dir)})"
-                + (f"; staged in {run_dir}" if store.mirrored else ""))
     if card_dir:
         card = DetectorCard(card_dir)
         console.say(f"reusing detector card {card.id} ({card_dir}): no shadow fine-tuning")
         for line in card_mismatches(card, cfg, tasks):
             console.warn(line)
-    ensure_ray(cfg.ray.address, verbose=console.verbose, log_dir=run_dir / "logs")
-    runner = StageRunner(run_dir, console, store)
+    runner = stage_runner(cfg, store, console)
     runner.run(audit_stages(cfg, tasks, runner, isolation, card_dir, card_only))
     card = DetectorCard(card_dir or runner.dir("card"))
     if card_only:

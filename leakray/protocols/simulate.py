@@ -16,13 +16,12 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from leakray.config import SimulateConfig, to_stage
-from leakray.console import Console, setup_logging
+from leakray.console import Console
 from leakray.data.folds import assign_folds
 from leakray.data.registry import load_benchmark
 from leakray.data.tasks import continuation, program_of
 from leakray.errors import BadInput
 from leakray.runs import StageRunner, StageSpec, content_hash, write_json_atomic
-from leakray.storage import RunStore
 from leakray.schema import T
 
 ROLES = {"target": (0, 1), "shadow": (2, 3)}  # role -> (member fold, non-member fold): D1/D2, D3/D4
@@ -52,14 +51,15 @@ def training_text(task: dict) -> str:
 
 
 def collect_config(cfg: SimulateConfig, base_path: str | None = None):
-    from leakray.protocols.collection import wants_advprompt, wants_upper_case
+    from leakray.protocols.collection import wanted_probes, wants_advprompt, wants_upper_case
     from leakray.stages.collect import CollectConfig, ExtraColumns, StageResources
 
     r, gpu = cfg.ray, cfg.ray.use_gpu
     ref_model = base_path if cfg.columns.reference_model == "base" else cfg.columns.reference_model
     return CollectConfig(
         extra=ExtraColumns(reference_model=ref_model, upper_case=wants_upper_case(cfg),
-                           advprompt=wants_advprompt(cfg)),
+                           advprompt=wants_advprompt(cfg), probes=wanted_probes(cfg),
+                           probe_tokens=cfg.columns.probe_tokens),
         sample=to_stage(cfg.sample), execute_timeout_s=cfg.execute.timeout_s, execute_threads=cfg.execute.threads,
         allow_weak_isolation=cfg.execute.allow_weak_isolation,
         embed_model=cfg.embed.model, embed_max_tokens=cfg.embed.max_tokens, embed_stride=cfg.embed.stride,
@@ -306,23 +306,17 @@ def compare_benchmarks(parent: Path, console: Console) -> None:
 
 
 def run_one(cfg: SimulateConfig, console: Console) -> Path:
-    from leakray.executor.runtime import ensure_ray
+    from leakray.protocols.engine import open_run, stage_runner
     from leakray.report.simulate import write_report
 
     t_start = time.perf_counter()
     tasks = load_tasks(cfg)
     isolation = preflight_isolation(cfg)
-    store = RunStore(cfg.output_dir, f"{cfg.benchmark.name}-{run_id(cfg, tasks)}")
+    store = open_run(cfg, f"{cfg.benchmark.name}-{run_id(cfg, tasks)}", len(tasks), console)
     run_dir = store.local
-    write_json_atomic(run_dir / "config.json", cfg.model_dump())
-    log_file = setup_logging(run_dir / "logs", console.verbose)
-    console.say(f"run directory {store.location} ({len(tasks)} tasks; logs in {log_file.relative_to(run_dir)})"
-                + (f"; staged in {run_dir}" if store.mirrored else ""))
     if isolation != "bwrap":
         console.warn(f"sandbox isolation is '{isolation}' (opted in with execute.allow_weak_isolation)")
-    ensure_ray(cfg.ray.address, verbose=console.verbose, log_dir=run_dir / "logs")
-
-    runner = StageRunner(run_dir, console, store)
+    runner = stage_runner(cfg, store, console)
     runner.run(simulate_stages(cfg, tasks, runner, isolation))
 
     report = write_report(run_dir, cfg.model_dump(), {"total_this_invocation": round(time.perf_counter() - t_start, 1)})

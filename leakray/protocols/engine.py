@@ -1,0 +1,28 @@
+"""What every protocol does around its stages: a content-addressed run directory (staged here,
+mirrored to a URI when the output is one) with its config and logs, then a `StageRunner` on a
+started (or joined) Ray. A protocol is then only its list of `StageSpec`s."""
+
+from __future__ import annotations
+
+from leakray.console import Console, setup_logging
+from leakray.runs import StageRunner, write_json_atomic
+from leakray.storage import RunStore
+
+
+def open_run(cfg, name: str, n_tasks: int, console: Console, label: str = "run directory") -> RunStore:
+    """``<output_dir>/<name>``: config.json and logs/ written, the location said once."""
+    store = RunStore(cfg.output_dir, name)
+    run_dir = store.local
+    write_json_atomic(run_dir / "config.json", cfg.model_dump())
+    log_file = setup_logging(run_dir / "logs", console.verbose)
+    console.say(f"{label} {store.location} ({n_tasks} tasks; logs in {log_file.relative_to(run_dir)})"
+                + (f"; staged in {run_dir}" if store.mirrored else ""))
+    return store
+
+
+def stage_runner(cfg, store: RunStore, console: Console) -> StageRunner:
+    """The run's stages on Ray (a submitted job joins its cluster, a laptop starts a local one)."""
+    from leakray.executor.runtime import ensure_ray
+
+    ensure_ray(cfg.ray.address, verbose=console.verbose, log_dir=store.local / "logs")
+    return StageRunner(store.local, console, store)
