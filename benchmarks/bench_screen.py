@@ -1,4 +1,5 @@
-"""Screening throughput, index memory and recall, ours vs datasketch used idiomatically (prints; not a test).
+"""Screening throughput, index memory and recall, ours vs datasketch used idiomatically; each
+corpus reader's speed; recall per leak form on the planted corpus of the tests (prints; not a test).
 
     python benchmarks/bench_screen.py [--files 20000] [--ds-files 2000] [--planted 400]
 
@@ -12,6 +13,12 @@ printed too.
 
 datasketch side: the same tokens, 2-gram shingles as bytes, ``MinHash.bulk`` (sha1, affine32,
 256 perms), ``MinHashLSH(threshold).query`` per file, candidates verified with Python sets.
+Ours on the same files and the same index (the references), then with every part of every task
+indexed (prompt, solution, tests, task: what `leakray screen` does by default).
+
+Readers: the same code written as each format the corpus readers take (one file per document,
+JSONL plain/.gz/.zst, a JSON array, markdown write-ups, notebooks, parquet, Arrow), screened
+through `BatchScreener` from disk: documents/s and MB/s per core, reading included.
 """
 
 from __future__ import annotations
@@ -31,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from leakray.data.registry import load_benchmark  # noqa: E402
 from leakray.schema import P, T  # noqa: E402
 from leakray.screen.index import BenchmarkIndex, ScreenConfig  # noqa: E402
-from leakray.screen.screener import Stats, screen_documents  # noqa: E402
+from leakray.screen.parts import Entries  # noqa: E402
+from leakray.screen.screener import BatchScreener, Stats, screen_documents  # noqa: E402
 from leakray.screen.shingle import shingle_batch, tokenize  # noqa: E402
 from leakray.screen.verify import jaccard_exact  # noqa: E402
 
@@ -115,6 +123,115 @@ def run_datasketch(samples: list[str], ids, docs, threshold: float, num_perm: in
     return pairs, time.process_time() - c0, time.perf_counter() - w0
 
 
+def _timed_screen(index, paths) -> tuple[Stats, float]:
+    screen = BatchScreener(index, "files")
+    stats = Stats()
+    c0 = time.process_time()
+    for i in range(0, len(paths), 256):
+        _, st = screen({"path": paths[i:i + 256]})
+        stats.merge(dict(st))
+    return stats, time.process_time() - c0
+
+
+def bench_readers(index, ids, docs) -> None:
+    """Each reader on the same code, from disk, reading included."""
+    import gzip
+    import json
+    import tempfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = [d.decode() for d in docs]
+    mb = sum(len(d) for d in docs) / 1e6
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        forms: dict[str, list[str]] = {}
+        code = root / "code"
+        code.mkdir()
+        forms["code files (.py)"] = []
+        for i, d in enumerate(docs):
+            p = code / f"{i}.py"
+            p.write_bytes(d)
+            forms["code files (.py)"].append(str(p))
+        text = root / "text"
+        text.mkdir()
+        forms["plain text (.txt)"] = []
+        for i, d in enumerate(docs):
+            p = text / f"{i}.txt"
+            p.write_bytes(d)
+            forms["plain text (.txt)"].append(str(p))
+        md = root / "md"
+        md.mkdir()
+        forms["markdown (.md)"] = []
+        for i, t in enumerate(texts):
+            p = md / f"{i}.md"
+            p.write_text(f"# File {i}\n\nSome prose about it.\n\n```python\n{t}\n```\n\nMore prose.\n")
+            forms["markdown (.md)"].append(str(p))
+        nb = root / "nb"
+        nb.mkdir()
+        forms["notebooks (.ipynb)"] = []
+        for i, t in enumerate(texts):
+            p = nb / f"{i}.ipynb"
+            cells = [{"cell_type": "code", "source": t.splitlines(keepends=True), "outputs": []}]
+            p.write_text(json.dumps({"cells": cells, "nbformat": 4}))
+            forms["notebooks (.ipynb)"].append(str(p))
+        lines = "".join(json.dumps({"content": t, "path": i}) + "\n" for i, t in zip(ids, texts)).encode()
+        (root / "s.jsonl").write_bytes(lines)
+        (root / "s.jsonl.gz").write_bytes(gzip.compress(lines, 6))
+        (root / "s.jsonl.zst").write_bytes(pa.compress(lines, codec="zstd", asbytes=True))
+        (root / "s.json").write_text(json.dumps([{"content": t, "path": i} for i, t in zip(ids, texts)]))
+        table = pa.table({"content": texts, "path": ids})
+        pq.write_table(table, root / "s.parquet")
+        with pa.OSFile(str(root / "s.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+            w.write_table(table)
+        for name, f in (("JSONL shard", "s.jsonl"), ("JSONL .gz shard", "s.jsonl.gz"), ("JSONL .zst shard", "s.jsonl.zst"),
+                        ("JSON array (.json)", "s.json"), ("parquet shard", "s.parquet"), ("Arrow shard", "s.arrow")):
+            forms[name] = [str(root / f)]
+        print(f"\nreaders, the same {len(docs)} code documents ({mb:.1f} MB) in each form, from disk "
+              f"(CPU s; documents/s and MB/s per core; reading, parsing and the full screen included):")
+        base = None
+        for name, paths in forms.items():
+            _timed_screen(index, paths[:8])  # warm the page cache and imports
+            st, cpu = _timed_screen(index, paths)
+            base = base or cpu
+            print(f"  {name:22s}: {cpu:6.2f} s  {st['documents'] / cpu:8,.0f} docs/s  {mb / cpu:5.1f} MB/s   "
+                  f"(x{cpu / base:.2f} the code-file time; {st['texts_screened']} texts)")
+
+
+def bench_planted(seed: int) -> None:
+    """Recall per leak form and false pairs on the planted corpus the tests build."""
+    import tempfile
+
+    import pyarrow.parquet as pq
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import screen_corpus as SC
+
+    from leakray.data.registry import load_benchmark_file
+    from leakray.screen.driver import screen
+
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = SC.build(Path(tmp), seed=seed)
+        summary = screen([("humaneval", str(corpus.benchmark))], str(corpus.root), str(Path(tmp) / "out"),
+                         log=lambda m: None)
+        pairs = pq.read_table(Path(tmp) / "out" / "pairs.parquet").to_pylist()
+        entries = Entries.from_tasks({"h": load_benchmark_file("humaneval", corpus.benchmark)})
+        index = BenchmarkIndex(ScreenConfig(), entries.text, groups=entries.group_ids())
+        ok = {(t, p) for t, p, good in zip(entries.task_id, entries.field, index.screenable) if good}
+    found = {(p[P.TASK_ID], p[P.FIELD], p["corpus_file"]) for p in pairs}
+    planted_in = corpus.planted_files()
+    false = [p for p in pairs if p["corpus_file"] not in planted_in.get(p[P.TASK_ID], ())]
+    files = summary["corpus"]["files"]
+    print(f"\nplanted corpus (tests/screen_corpus.py): {files['in']} files, {files['screened']} screened, "
+          f"skipped {files['skipped']}, {summary['corpus']['documents']} documents; {len(pairs)} pairs, "
+          f"{len(false)} false")
+    print("  form            copies found / planted (screenable parts)   / planted (all parts)")
+    for form, copies in corpus.copies.items():
+        want = {c for c in copies if c[:2] in ok}
+        print(f"  {form:15s} {len(want & found):3d}/{len(want):<3d}{'':30s}{len(copies & found):3d}/{len(copies)}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--files", type=int, default=20000, help="real corpus files for our side")
@@ -125,6 +242,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threshold", type=float, default=0.7)
     ap.add_argument("--containment", type=float, default=0.8)
     ap.add_argument("--num-perm", type=int, default=256)
+    ap.add_argument("--reader-docs", type=int, default=1000, help="documents written in each reader's format")
     args = ap.parse_args(argv)
     import datasketch
 
@@ -140,7 +258,7 @@ def main(argv=None) -> int:
     index = BenchmarkIndex(cfg, samples)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    print(f"index: {len(samples)} HumanEval references, LSH {cfg.lsh_params[0]} bands x {cfg.lsh_params[1]} rows, "
+    print(f"index: {len(samples)} HumanEval references, {len(index.keys)} rare shingles indexed, "
           f"{index.nbytes / len(samples):.0f} B/sample resident, {peak / len(samples):.0f} B/sample peak while "
           f"building (tracemalloc)")
 
@@ -184,9 +302,9 @@ def main(argv=None) -> int:
     run_ours(index, ids[:64], docs[:64])  # warm-up, untimed
     pairs, stats, cpu, wall = run_ours(index, ids, docs)
     n = len(docs)
-    print(f"\nours, full job (Jaccard LSH + containment, verify): {n} files in {cpu:.2f} s CPU ({wall:.2f} s wall) "
-          f"-> {n / cpu:,.0f} files/s/core; signed {stats['signed']}, candidates J {stats['candidates_jaccard']} "
-          f"C {stats['candidates_containment']}, pairs {len(pairs)}")
+    print(f"\nours, full job (Jaccard + containment, verify, span check): {n} files in {cpu:.2f} s CPU "
+          f"({wall:.2f} s wall) -> {n / cpu:,.0f} files/s/core; candidates {stats['candidates']}, "
+          f"rejected by span {stats['rejected_by_span']}, pairs {len(pairs)}")
 
     # truth for the planted pairs, on our shingles
     pos = {pid: i for i, pid in enumerate(ids)}
@@ -221,21 +339,22 @@ def main(argv=None) -> int:
     m = min(args.ds_files, n)
     sub_ids, sub_docs = ids[:m], docs[:m]
     _, st_o, cpu_o, wall_o = run_ours(index, sub_ids, sub_docs)
-    jonly = BenchmarkIndex(ScreenConfig(threshold=args.threshold, containment=0.0, num_perm=args.num_perm), samples)
-    _, _, cpu_j, _ = run_ours(jonly, sub_ids, sub_docs)
-    nofilter = BenchmarkIndex(ScreenConfig(threshold=args.threshold, containment=0.0, num_perm=args.num_perm), samples)
-    nofilter.jaccard_size_range = (1, float("inf"))  # sign every file: the raw kernel, as datasketch does
-    _, st_n, cpu_n, _ = run_ours(nofilter, sub_ids, sub_docs)
+    entries = Entries.from_tasks({"humaneval": tasks})
+    all_parts = BenchmarkIndex(cfg, entries.text, groups=entries.group_ids())
+    run_ours(all_parts, sub_ids[:64], sub_docs[:64])
+    _, st_a, cpu_a, _ = run_ours(all_parts, sub_ids, sub_docs)
     ds_pairs, cpu_d, wall_d = run_datasketch(samples, sub_ids, sub_docs, args.threshold, args.num_perm)
-    print(f"\nside by side on the same {m} files (CPU s; files/s/core):")
+    mb = sum(len(d) for d in sub_docs) / 1e6
+    print(f"\nside by side on the same {m} files, {mb:.1f} MB (CPU s; files/s/core):")
     print(f"  datasketch  MinHash.bulk + MinHashLSH.query + set verify : {cpu_d:7.2f} s  {m / cpu_d:9,.0f}  "
           f"(wall {wall_d:.2f} s, {len(ds_pairs)} pairs)")
-    print(f"  ours, full job (J + containment)                          : {cpu_o:7.2f} s  {m / cpu_o:9,.0f}  "
-          f"x{cpu_d / cpu_o:.1f}")
-    print(f"  ours, Jaccard only                                        : {cpu_j:7.2f} s  {m / cpu_j:9,.0f}  "
-          f"x{cpu_d / cpu_j:.1f}")
-    print(f"  ours, Jaccard only, every file signed (no size filter)    : {cpu_n:7.2f} s  {m / cpu_n:9,.0f}  "
-          f"x{cpu_d / cpu_n:.1f}  ({st_n['signed']} signed)")
+    print(f"  ours, references (J + containment, verify, span)          : {cpu_o:7.2f} s  {m / cpu_o:9,.0f}  "
+          f"x{cpu_d / cpu_o:.1f}  ({mb / cpu_o:.0f} MB/s/core, {st_o['candidates']} candidates)")
+    print(f"  ours, all {len(entries)} parts (prompt/solution/tests/task)       : {cpu_a:7.2f} s  {m / cpu_a:9,.0f}  "
+          f"x{cpu_d / cpu_a:.1f}  ({mb / cpu_a:.0f} MB/s/core, {st_a['candidates']} candidates, "
+          f"{st_a['rejected_by_span']} rejected by the span check)")
+    bench_readers(all_parts, ids[:args.reader_docs], docs[:args.reader_docs])
+    bench_planted(args.seed)
     return 0
 
 
