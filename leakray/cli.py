@@ -13,7 +13,7 @@ SUBCOMMAND_MODULES = (
     "leakray.commands.run",  # demo, simulate, audit, card
     "leakray.commands.execute",  # execute
     "leakray.commands.benchmarks",  # benchmarks validate
-    "leakray.screen.cli",  # screen
+    "leakray.commands.screen",  # screen
     "leakray.commands.perturb",  # perturb
     "leakray.commands.sweep",  # sweep, sweep history, sweep diff
     "leakray.commands.compare",  # compare

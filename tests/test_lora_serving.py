@@ -73,7 +73,7 @@ def test_sampling_source(sample, info, want):
     assert sampling_source("/merged", info, "/base", sample) == want
 
 
-# ---- the pipelines send the adapter through the vLLM stand-in --------------------------------------
+# ---- the protocols send the adapter through the vLLM stand-in --------------------------------------
 
 class _LoRARequest:
     def __init__(self, lora_name, lora_int_id, lora_path):

@@ -300,6 +300,25 @@ def test_cli_local_run_writes_every_output(tmp_path, capsys):
     assert json.loads((out / "summary.json").read_text())["benchmarks"]["mbpp"]["n_leaked"] == 0
 
 
+def test_screen_killed_mid_run_resumes_at_its_stage(tmp_path):
+    # the same stages and markers as every protocol: a driver killed (SIGKILL) while writing the
+    # outputs resumes there, without a second corpus pass
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "leakray.cli", "screen", "--benchmark", f"humaneval={HE}", "--corpus", str(CORPUS),
+           "--output", str(out), "--engine", "local"]
+    env = {**os.environ, "LEAKRAY_KILL_IN_STAGE": "outputs"}
+    assert subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300).returncode == -9
+    done = (out / "corpus_pass" / "_DONE.json").stat().st_mtime_ns
+    assert not (out / "outputs" / "_DONE.json").exists() and not (out / "summary.json").exists()
+    env.pop("LEAKRAY_KILL_IN_STAGE")
+    resumed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "corpus_pass: already done" in resumed.stderr
+    assert (out / "corpus_pass" / "_DONE.json").stat().st_mtime_ns == done
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["benchmarks"]["humaneval"]["leaked_task_ids"] == ["HumanEval/0", "HumanEval/2"]
+
+
 def test_clean_export_keeps_format_for_json_and_parquet(tmp_path):
     recs = [json.loads(line) for line in HE.open()]
     as_json, as_parquet = tmp_path / "he.json", tmp_path / "he.parquet"

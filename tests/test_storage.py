@@ -243,7 +243,7 @@ def _loop(config):
 
 
 def test_screen_writes_its_outputs_to_s3(s3_uri, tmp_path):
-    from leakray.pipelines.screen import run_screen
+    from leakray.protocols.screen import run_screen
 
     bench = tmp_path / "bench.jsonl"
     code = "def add(a, b):\n    total = a + b\n    return total\n"

@@ -1,6 +1,6 @@
 """Continued pretraining of a base LM on a `pretrain-mix` mixture (plain torch).
 
-The same shape as `models.finetune.finetune`: `pipelines/leak_train.py` runs it inside Ray
+The same shape as `models.finetune.finetune`: `executor/leak_train.py` runs it inside Ray
 Train workers and hands in `wrap_model` / `wrap_loader` (DDP) and `report`; without them it
 runs in-process. The schedule is the base model's own (`models.offline.warmup_cosine_lr`),
 over the steps actually run, so the same mixture and config give the same model anywhere.

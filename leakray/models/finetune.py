@@ -1,7 +1,7 @@
 """Fine-tuning a causal LM on benchmark solutions: how a leak is simulated (target)
 and how a shadow is built. LoRA (peft) as in the CGMIA paper, or full fine-tuning.
 
-Plain torch: `pipelines/train.py` runs this inside Ray Train workers and hands in
+Plain torch: `executor/train.py` runs this inside Ray Train workers and hands in
 `wrap_model` / `wrap_loader` (DDP) and `report`; without them it runs in-process.
 """
 

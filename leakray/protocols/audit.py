@@ -127,7 +127,7 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
                 "detectors": card.names}
 
     def screen_stage(out: Path) -> dict:
-        from leakray.pipelines.screen import run_screen
+        from leakray.protocols.screen import run_screen
 
         summary = run_screen([(cfg.benchmark.name, benchmark_path(cfg.benchmark.name, cfg.benchmark.path))], a.corpus, str(out),
                              address=cfg.ray.address, log=lambda msg: None)

@@ -1,7 +1,7 @@
 """Screening: near-duplicate search of benchmark samples in a readable corpus (LessLeak-Bench's
 leakage ratio; every benchmark indexed once, one corpus pass, exact candidates and verification).
 
-Modules (plain Python on batches; Ray only in `leakray.pipelines.screen`):
+Modules (plain Python on batches; Ray only in `leakray.executor.screen`):
 
 - `parts`      a sample's screened parts (prompt, solution, tests, task) -> index entries
 - `shingle`    code tokenizer (regex rule, numpy form; escapes as whitespace) -> distinct 48-bit shingles
@@ -18,8 +18,8 @@ Modules (plain Python on batches; Ray only in `leakray.pipelines.screen`):
 - `screener`   one corpus batch -> verified pairs + counters (files, documents, texts)
 - `columns`    the pairs' column names
 - `outputs`    pairs.parquet, summary.json, labels.csv, clean/<name>/<file>, _SUCCESS (run key)
-- `driver`     one screen end to end, engine-agnostic; the console's closing line
-- `cli`        `leakray screen` (also `jobs/screen.py` for `ray job submit`)
+- `driver`     a screen's parts, engine-agnostic (run as stages by `leakray.protocols.screen`;
+               the command is `leakray.commands.screen`, also `jobs/screen.py` for `ray job submit`)
 
 A pair (sample part, corpus text) is reported when the text holds enough of the part's rare
 shingles (`index`) and exact Jaccard >= threshold, or exact containment |part ∩ text| / |part|

@@ -1,14 +1,14 @@
-"""One screen, engine-agnostic: plan the corpus, index the benchmarks, run the corpus batches
-(in-process here, or through Ray in `leakray.pipelines.screen`), write the outputs, and say
-in one line what was read and what was not."""
+"""A screen's parts, engine-agnostic: plan the corpus and load the benchmarks (`prepare`), index
+them and stream the corpus through batches run in-process here or on Ray by the executor
+(`corpus_pass`), write the outputs (`write_outputs`), and say in one line what was read and what
+was not. `leakray.protocols.screen` runs them as resumable stages."""
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from leakray.errors import BadInput
 from leakray.screen import corpus as C
@@ -37,33 +37,48 @@ def local_batches(index: BenchmarkIndex, plan: C.CorpusPlan) -> Batches:
         yield pairs, dict(st), st.examples
 
 
-def screen(benchmarks: list[tuple[str, str]], corpus: str, output: str, config: ScreenConfig | None = None, *,
-           batches: Callable[[BenchmarkIndex, C.CorpusPlan], Batches] = local_batches, engine: str = "local",
-           force: bool = False, log=None) -> dict:
-    """Screen every benchmark against the corpus in one pass; returns summary.json's content."""
+@dataclass
+class Prepared:
+    """What a screen's stages share: the corpus plan, the run key (config + benchmark files +
+    corpus fingerprint: other inputs, another run), the tasks and the texts to screen."""
+
+    benchmarks: list[tuple[str, str]]
+    corpus: str
+    config: ScreenConfig
+    plan: C.CorpusPlan
+    key: str
+    tasks: dict[str, list[dict]]
+    entries: Entries
+
+    @property
+    def record(self) -> dict:
+        return {**self.config.record(), "digest": self.config.digest()}
+
+
+def prepare(benchmarks: list[tuple[str, str]], corpus: str, config: ScreenConfig | None = None) -> Prepared:
+    """Plan the corpus (list and classify its files, nothing read yet) and load the benchmarks."""
     from leakray.data.registry import load_benchmark_file
 
     config = config or ScreenConfig()
-    log = log or default_log
     names = [n for n, _ in benchmarks]
     if len(set(names)) != len(names):
         raise BadInput(f"benchmark names must be distinct, got {names}")
     plan = C.plan_corpus(corpus, config.max_file_bytes, config.max_parse_bytes)
-    record = {**config.record(), "digest": config.digest()}
     key = O.run_key(config.digest(), benchmarks, plan.fingerprint())
-    if not force and O.finished(output, key):
-        log(f"{output} is complete for these inputs (run key {key}); nothing to do")
-        with open(os.path.join(output, O.SUMMARY), encoding="utf-8") as fh:
-            return json.load(fh)
-
-    t0 = time.time()
     tasks = {name: load_benchmark_file(name, path) for name, path in benchmarks}
-    entries = Entries.from_tasks(tasks, config.parts)
-    index = BenchmarkIndex(config, entries.text, groups=entries.group_ids())
-    log(f"indexed {len(entries)} texts ({', '.join(config.parts)}) of {len(tasks)} benchmarks "
-        f"({index.nbytes / max(1, len(entries)):.0f} B/text); corpus: {plan.n_files} files, {len(plan.files)} "
-        f"read in batches, {len(plan.shards)} alone (shards, compressed or big)")
+    return Prepared(list(benchmarks), corpus, config, plan, key, tasks, Entries.from_tasks(tasks, config.parts))
 
+
+def corpus_pass(prep: Prepared, batches: Callable[[BenchmarkIndex, C.CorpusPlan], Batches], engine: str,
+                log=None) -> tuple[list[dict], dict, list[bool]]:
+    """Index the benchmarks' texts, stream the corpus once through ``batches`` (in-process or on
+    Ray; the same screener either way): (pairs as worker records, corpus stats, screenable per text)."""
+    log = log or default_log
+    plan = prep.plan
+    index = BenchmarkIndex(prep.config, prep.entries.text, groups=prep.entries.group_ids())
+    log(f"indexed {len(prep.entries)} texts ({', '.join(prep.config.parts)}) of {len(prep.tasks)} benchmarks "
+        f"({index.nbytes / max(1, len(prep.entries)):.0f} B/text); corpus: {plan.n_files} files, {len(plan.files)} "
+        f"read in batches, {len(plan.shards)} alone (shards, compressed or big)")
     stats = Stats()
     pairs: list[dict] = []
     t_pass = last = time.time()
@@ -79,12 +94,18 @@ def screen(benchmarks: list[tuple[str, str]], corpus: str, output: str, config: 
                  **{f"files_skipped:{k}": v for k, v in plan.skipped.items()}},
                 {f"files:{k}": v for k, v in plan.examples.items()})
     pass_s = time.time() - t_pass
-    corpus_stats = corpus_summary(corpus, stats, plan, pass_s, engine, index.nbytes)
+    corpus_stats = corpus_summary(prep.corpus, stats, plan, pass_s, engine, index.nbytes)
     log(f"corpus pass done in {pass_s:.1f}s: {files_line(corpus_stats)}; {stats['pairs']} pairs")
-    summary = O.write_outputs(output, key=key, entries=entries, pairs=pairs, benchmarks=benchmarks,
-                              n_tasks={n: len(t) for n, t in tasks.items()}, corpus_stats=corpus_stats,
-                              config_record=record, seconds=time.time() - t0,
-                              screenable=index.screenable.tolist())
+    return pairs, corpus_stats, index.screenable.tolist()
+
+
+def write_outputs(prep: Prepared, pairs: list[dict], corpus_stats: dict, screenable: list[bool], output: str,
+                  seconds: float, log=None) -> dict:
+    """pairs.parquet, labels.csv, the cleaned benchmarks and summary.json (with its run key)."""
+    log = log or default_log
+    summary = O.write_outputs(output, key=prep.key, entries=prep.entries, pairs=pairs, benchmarks=prep.benchmarks,
+                              n_tasks={n: len(t) for n, t in prep.tasks.items()}, corpus_stats=corpus_stats,
+                              config_record=prep.record, seconds=seconds, screenable=screenable)
     for name, b in summary["benchmarks"].items():
         per_part = ", ".join(f"{p} {v['n_leaked']}" for p, v in b["parts"].items())
         log(f"{name}: {b['n_leaked']}/{b['n_samples']} samples leaked ({b['ratio']:.1%}; by part: {per_part}), "

@@ -1,7 +1,7 @@
 """The corpus stage on one batch: read -> shingle -> rare-shingle candidates -> exact verify ->
 aligned span check (containment) -> pairs with provenance.
 
-Plain Python on batches; `leakray.pipelines.screen` runs `BatchScreener` inside Ray Data.
+Plain Python on batches; `leakray.executor.screen` runs `BatchScreener` inside Ray Data.
 Every batch returns its verified pairs and counters: files (in, screened, skipped by reason),
 documents (a file, or a record of a shard), texts (screened, skipped by reason), candidates, pairs.
 """

@@ -69,7 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from leakray.errors import BadInput
-    from leakray.pipelines.screen import run_screen
+    from leakray.protocols.screen import run_screen
     from leakray.runs import output_root
     from leakray.screen.driver import closing_line
     from leakray.screen.index import ScreenConfig

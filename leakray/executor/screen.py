@@ -1,5 +1,5 @@
-"""`leakray screen` on Ray: the driver of `leakray.screen.driver`, with the corpus batches run by
-a Ray Data actor pool instead of in-process.
+"""The screen's corpus pass as a Ray Data actor pool (`leakray.screen.driver.local_batches` is
+the same pass in-process).
 
 The index is built on the driver, ``ray.put`` once, and every actor of the map_batches pool maps
 that one copy (numpy arrays pickle out-of-band, so workers on a node share the object-store
@@ -13,12 +13,10 @@ failing the dataset.
 from __future__ import annotations
 
 import json
-import os
 
 from leakray.screen import corpus as C
-from leakray.screen.driver import FILES_PER_BATCH, Batches, default_log, local_batches
-from leakray.screen.driver import screen as screen_driver
-from leakray.screen.index import BenchmarkIndex, ScreenConfig
+from leakray.screen.driver import FILES_PER_BATCH, Batches
+from leakray.screen.index import BenchmarkIndex
 from leakray.screen.screener import BatchScreener, Stats
 
 
@@ -41,16 +39,10 @@ class _RayScreener:
         return _encode(*self.screen(batch))
 
 
-def _ray_batches(index: BenchmarkIndex, plan: C.CorpusPlan, workers: int | None,
-                 address: str | None, num_cpus: int | None) -> Batches:
+def ray_batches(index: BenchmarkIndex, plan: C.CorpusPlan, workers: int | None = None) -> Batches:
+    """The corpus pass on the running Ray (`runtime.ensure_ray` first): one actor per CPU by default."""
     import ray
 
-    if not ray.is_initialized():
-        address = address or os.environ.get("RAY_ADDRESS")
-        if address:  # a submitted job, or a named cluster ("auto": the one `ray start` left here)
-            ray.init(address=address)
-        else:  # a fresh local Ray, never someone else's cluster by accident
-            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False)
     index_ref = ray.put(index)
     nworkers = workers or max(1, int(ray.available_resources().get("CPU", 1)))
     datasets = []
@@ -70,25 +62,3 @@ def _ray_batches(index: BenchmarkIndex, plan: C.CorpusPlan, workers: int | None,
             for pairs_json, stats_json in zip(batch["pairs"], batch["stats"]):
                 st = json.loads(stats_json)
                 yield json.loads(pairs_json), st["counts"], st["examples"]
-
-
-def run_screen(benchmarks: list[tuple[str, str]], corpus: str, output: str, config: ScreenConfig | None = None,
-               *, engine: str = "ray", workers: int | None = None, address: str | None = None,
-               num_cpus: int | None = None, force: bool = False, log=None) -> dict:
-    """Screen every benchmark against the corpus in one pass; returns summary.json's content."""
-    from leakray.storage import RunStore, is_uri
-
-    log = log or default_log
-    store = RunStore(output, "") if is_uri(output) else None  # a URI: staged here, mirrored there
-    if store is not None:
-        log(f"output {store.location} (staged in {store.local})")
-        output = str(store.local)
-    if engine == "local":
-        batches = local_batches
-    else:
-        def batches(index, plan):
-            return _ray_batches(index, plan, workers, address, num_cpus)
-    summary = screen_driver(benchmarks, corpus, output, config, batches=batches, engine=engine, force=force, log=log)
-    if store is not None:
-        store.close()
-    return summary
