@@ -168,6 +168,10 @@ class ColumnsConfig(Section):
     upper_case: bool = True  # completions of the upper-cased prompt (BUZZER-b)
     advprompt: bool = True  # AdvPrompt-MIA: 11 proven perturbations, one greedy completion each
     advprompt_seed: int = 0
+    # text-only memory probes (leakray.features.probes): prefix completion, masked spans, greedy
+    # completion vs rewrites; each one batched greedy call per task
+    probes: list[Literal["prefix", "mask", "greedy"]] = Field(default_factory=lambda: ["prefix", "mask", "greedy"])
+    probe_tokens: int = Field(48, ge=1)  # generation budget of a prefix or mask probe
 
     @field_validator("reference_model")
     @classmethod

@@ -78,6 +78,15 @@ class C:
     ADV_COMPLETIONS = "adv_completions"  # list<string>[12]: one greedy completion per prompt
     ADV_PERPLEXITY = "adv_perplexity"  # list<float>[12]
     ADV_EMBEDDING = "adv_embedding"  # list<float>[12*d], row-major
+    # Text-only memory probes (leakray.features.probes): greedy continuations of the prompt plus
+    # part of the reference; offsets are characters of the reference continuation
+    PREFIX_CUTS = "prefix_cuts"  # list<int>: where each prefix probe's given text ends
+    PREFIX_COMPLETIONS = "prefix_completions"  # list<string>: the model's continuation at each cut
+    MASK_SPANS = "mask_spans"  # list<string>: the hidden spans (identifiers, or lines)
+    MASK_COMPLETIONS = "mask_completions"  # list<string>: the continuation right before each span
+    GREEDY_COMPLETION = "greedy_completion"  # string: the greedy completion of the prompt
+    REWRITES = "rewrites"  # list<string>: continuations of rewrites renaming the solution's locals ([]: none)
+    PROBE_SECONDS = "probe_seconds"  # list<float>[3]: wall time of the prefix, mask, greedy probes (0: off)
 
     # The expert vector's blocks, in order; each block has k entries.
     EXPERT_BLOCKS = (PERPLEXITY, CODEBLEU, EDIT_DISTANCE, PASSED)
@@ -119,6 +128,13 @@ def collection_schema() -> pa.Schema:
             (C.ADV_COMPLETIONS, pa.list_(pa.string())),
             (C.ADV_PERPLEXITY, pa.list_(f32)),
             (C.ADV_EMBEDDING, pa.list_(f32)),
+            (C.PREFIX_CUTS, pa.list_(pa.int32())),
+            (C.PREFIX_COMPLETIONS, pa.list_(pa.string())),
+            (C.MASK_SPANS, pa.list_(pa.string())),
+            (C.MASK_COMPLETIONS, pa.list_(pa.string())),
+            (C.GREEDY_COMPLETION, pa.string()),
+            (C.REWRITES, pa.list_(pa.string())),
+            (C.PROBE_SECONDS, pa.list_(f32)),
         ]
     )
 

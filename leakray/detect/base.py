@@ -53,6 +53,29 @@ class DetectorSpec:
                 "family": self.family, "learns": self.learns, "summary": self.summary}
 
 
+def collection_access(table: pa.Table) -> str:
+    """What the model behind a collection gave (an ACCESS_LEVELS entry): "weights" when the
+    reference has a full distribution per token (Min-K%++'s mu, an in-process model),
+    "logprobs" when it has token log-probabilities (of the reference, or finite perplexities of
+    the samples: an endpoint that returns them), else "black box" (text only)."""
+    import math
+
+    def filled(name: str) -> bool:
+        return name in table.column_names and table.column(name).null_count < table.num_rows
+
+    if filled(C.REF_TOKEN_MU):
+        return "weights"
+    if filled(C.REF_TOKEN_LOGPROBS) or (filled(C.PERPLEXITY) and any(
+            math.isfinite(v) for row in table.column(C.PERPLEXITY).to_pylist() for v in row or [])):
+        return "logprobs"
+    return "black box"
+
+
+def access_allows(given: str, needed: str) -> bool:
+    """Whether a detector needing ``needed`` can run on a model that gives ``given``."""
+    return ACCESS_LEVELS.index(needed) <= ACCESS_LEVELS.index(given)
+
+
 def missing_input(table: pa.Table, columns: Iterable[str]) -> str | None:
     """Why a table cannot feed a detector that needs ``columns`` (None if it can).
 

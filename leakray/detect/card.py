@@ -87,7 +87,7 @@ class DetectorCard:
         from leakray.detect.base import missing_input
 
         scores, skipped = {}, {}
-        for name in names or self.names:
+        for name in self.names if names is None else names:
             why = missing_input(table, registry.spec(name).columns)
             if why:
                 skipped[name] = why

@@ -13,6 +13,13 @@ Groups (a group whose columns are missing is left out and named in ``info``):
 - ``generation``: the scores of detectleak, gt_match, cdd, buzzer_b.
 - ``advprompt``: AdvPrompt's 27 stability features (missing variants imputed per row, as
   the advprompt detector does), when the collection carries the perturbed completions.
+- ``probes``: the text-only memory probes' statistics (prefix completion: n-gram, common
+  prefix, edit similarity; masked spans; greedy completion vs reference and vs its rewrites),
+  when the collection carries them (``leakray.detect.probe_features``).
+
+``text_combined`` is the same classifier over what a black-box target gives: CGMIA's
+generation features without perplexity (CodeBLEU, edit distance, pass; mean, min, max), the
+semantic summaries (an encoder the auditor runs), the black-box generation scores and the probes.
 
 Classifier: standardised logistic regression (few parameters for a small shadow). The
 threshold comes from out-of-fold shadow probabilities (k-fold cross-fit by task, as CGMIA).
@@ -33,9 +40,11 @@ from leakray.detect.datafiles import MODEL_FILE, load_sklearn, save_sklearn
 from leakray.errors import BadInput
 from leakray.schema import C
 
-GROUPS = ("expert", "semantic", "likelihood", "generation", "advprompt")
+GROUPS = ("expert", "semantic", "likelihood", "generation", "advprompt", "probes")
+TEXT_GROUPS = ("text_expert", "semantic", "text_generation", "probes")
 LIKELIHOOD = ("ref_loss", "min_k", "min_k_pp", "zlib", "ref_calibrated")
 GENERATION = ("detectleak", "gt_match", "cdd", "buzzer_b")
+TEXT_GENERATION = ("gt_match", "cdd")
 _USED_FILE = "used_inputs.json"  # the inputs each group fed in fitting
 
 
@@ -43,6 +52,32 @@ def _expert_summary(table: pa.Table) -> np.ndarray:
     e = list_column(table, C.EXPERT, dtype=np.float64)
     blocks = e.reshape(len(e), 4, -1)
     return np.concatenate([blocks.mean(2), blocks.min(2), blocks.max(2)], axis=1)
+
+
+def _text_expert_summary(table: pa.Table) -> np.ndarray:
+    """CodeBLEU, edit distance and pass over the k completions (mean, min, max): the expert
+    vector without perplexity, which a black-box target cannot give."""
+    blocks = np.stack([list_column(table, c, dtype=np.float64) for c in (C.CODEBLEU, C.EDIT_DISTANCE, C.PASSED)],
+                      axis=1)
+    return np.concatenate([blocks.mean(2), blocks.min(2), blocks.max(2)], axis=1)
+
+
+def _probes(table: pa.Table) -> tuple[np.ndarray, list[str]]:
+    """Every probe the collection carries, each left out (like a missing group) when absent."""
+    from leakray.detect import probe_features as pf
+
+    cols, used = [], []
+    for name, columns, build in (
+            ("prefix", (C.PREFIX_CUTS, C.PREFIX_COMPLETIONS), pf.prefix_stats),
+            ("mask", (C.MASK_SPANS, C.MASK_COMPLETIONS), lambda t: pf.mask_stats(t)[:, None]),
+            ("greedy", (C.GREEDY_COMPLETION, C.REWRITES), pf.greedy_stats)):
+        if missing_input(table, columns) is None:
+            try:
+                cols.append(build(table))
+                used.append(name)
+            except BadInput:
+                continue
+    return (np.concatenate(cols, axis=1) if cols else np.zeros((table.num_rows, 0))), used
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
@@ -89,6 +124,9 @@ _BUILDERS = {
     "likelihood": (_scores_group(LIKELIHOOD), ()),
     "generation": (_scores_group(GENERATION), ()),
     "advprompt": (_advprompt, (C.ADV_EMBEDDING, C.ADV_PERPLEXITY, C.ADV_KIND)),
+    "probes": (_probes, ()),
+    "text_expert": (lambda t: (_text_expert_summary(t), ["text_expert"]), (C.CODEBLEU, C.EDIT_DISTANCE, C.PASSED)),
+    "text_generation": (_scores_group(TEXT_GENERATION), ()),
 }
 
 
@@ -96,13 +134,15 @@ class Combined(Detector):
     spec = DetectorSpec("leakray_combined", "leakray", (C.EXPERT,), "logprobs", "composite", True,
                         "logistic regression over expert + semantic summaries + likelihood + generation scores")
     defaults = {"groups": list(GROUPS), "C": 1.0, "folds": 4}
+    known_groups = GROUPS
 
     def __init__(self, **params: Any):
         super().__init__(**params)
-        bad = set(self.params["groups"]) - set(GROUPS)
+        bad = set(self.params["groups"]) - set(self.known_groups)
         if bad or not self.params["groups"]:
-            raise BadInput(f"leakray_combined: groups must be a non-empty subset of {GROUPS}, got "
-                           f"{self.params['groups']}", field="detect.params.leakray_combined.groups")
+            name = self.spec.name
+            raise BadInput(f"{name}: groups must be a non-empty subset of {self.known_groups}, got "
+                           f"{self.params['groups']}", field=f"detect.params.{name}.groups")
         self.model = None
         self.used: dict[str, list[str]] = {}
         self._heldout = None
@@ -116,17 +156,17 @@ class Combined(Detector):
                 continue
             if missing_input(table, cols):
                 if used is not None:
-                    raise BadInput(f"leakray_combined: input group {g!r} was used in fitting but is missing: "
+                    raise BadInput(f"{self.spec.name}: input group {g!r} was used in fitting but is missing: "
                                    f"{missing_input(table, cols)}")
                 continue
             x, names = build(table)
             if used is not None and names != used[g]:
-                raise BadInput(f"leakray_combined: group {g!r} has inputs {names}, fitted on {used[g]}")
+                raise BadInput(f"{self.spec.name}: group {g!r} has inputs {names}, fitted on {used[g]}")
             if x.shape[1]:
                 blocks.append(x)
                 found[g] = names
         if not blocks:
-            raise BadInput("leakray_combined: no input group is available")
+            raise BadInput(f"{self.spec.name}: no input group is available")
         return np.concatenate(blocks, axis=1), found
 
     def _model(self):
@@ -156,12 +196,12 @@ class Combined(Detector):
 
     def heldout(self, shadow: pa.Table):
         if self._heldout is None:
-            raise BadInput("leakray_combined: fit the detector before choosing its threshold")
+            raise BadInput(f"{self.spec.name}: fit the detector before choosing its threshold")
         return self._heldout
 
     def score(self, table: pa.Table) -> np.ndarray:
         if self.model is None:
-            raise BadInput("leakray_combined: fit (or load) the detector before scoring")
+            raise BadInput(f"{self.spec.name}: fit (or load) the detector before scoring")
         x, _ = self.features(table, self.used)
         return self.model.predict_proba(x)[:, 1].astype(np.float64)
 
@@ -172,3 +212,11 @@ class Combined(Detector):
     def _load_state(self, directory: Path) -> None:
         self.model = load_sklearn(directory / MODEL_FILE)
         self.used = json.loads((directory / _USED_FILE).read_text())
+
+
+class TextCombined(Combined):
+    spec = DetectorSpec("text_combined", "leakray", (C.COMPLETIONS,), "black box", "composite", True,
+                        "logistic regression over what text gives: CodeBLEU/edit/pass summaries, semantic "
+                        "summaries, gt_match and cdd, and the memory probes' statistics")
+    defaults = {"groups": list(TEXT_GROUPS), "C": 1.0, "folds": 4}
+    known_groups = TEXT_GROUPS

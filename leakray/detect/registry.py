@@ -31,6 +31,10 @@ _ENTRIES = {
     "gt_match": "gt_match:GTMatch",
     "cdd": "cdd:CDD",
     "buzzer_b": "buzzer_b:BuzzerB",
+    # text-only memory probes (greedy continuations of the prompt plus part of the reference)
+    "prefix_completion": "prefix_completion:PrefixCompletion",
+    "masked_span": "masked_span:MaskedSpan",
+    "rewrite_preference": "rewrite_preference:RewritePreference",
     # learned on the shadow collection
     "cgmia": "cgmia:CGMIA",
     "gotcha": "gotcha:Gotcha",
@@ -48,6 +52,7 @@ _ENTRIES = {
     # composites
     "cgmia_ensemble": "cgmia_ensemble:CGMIAEnsemble",
     "leakray_combined": "combined:Combined",
+    "text_combined": "combined:TextCombined",
 }
 
 

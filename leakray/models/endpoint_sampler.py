@@ -95,6 +95,10 @@ def failed_reason(sample: Samples) -> str | None:
     return next((n[len(FAILED):] for n in getattr(sample, "notes", []) if n.startswith(FAILED)), None)
 
 
+class ProbeFailed(RuntimeError):
+    """A probe's request was never answered usably (retries spent, or refused)."""
+
+
 class _Malformed(ValueError):
     """A 200 response that is not the protocol (retryable: proxies and overloaded servers do this)."""
 
@@ -184,6 +188,21 @@ class EndpointSampler:
         return self._map(lambda p, lang, key: self._sample_one(p, lang, key, n, temperature, top_p),
                          list(zip(prompts, languages, keys)))
 
+    def greedy_probe(self, prompts: list[str], languages: list[str], keys: list[str],
+                     max_new_tokens: int) -> list[str]:
+        """One temperature-0 request per text, without log-probs (a probe reads text only); the
+        requests of a task go out together on the pool, and a server with prefix caching (vLLM)
+        reuses their common prefix. A text the endpoint never answered raises `ProbeFailed`
+        (its row fails, with the reason): an empty continuation would read as a wrong guess."""
+        tokens = min(max_new_tokens, self.cfg.max_new_tokens)
+        got = self._map(lambda p, lang, key: self._sample_one(p, lang, key, 1, 0.0, 1.0, max_tokens=tokens,
+                                                              logprobs=False),
+                        list(zip(prompts, languages, keys)))
+        for s, key in zip(got, keys):
+            if failed_reason(s) is not None:
+                raise ProbeFailed(f"{key}: {failed_reason(s)}")
+        return [s.completions[0] for s in got]
+
     def reference_loss(self, prompts: list[str], references: list[str]) -> list[float]:
         """Mean NLL of the solution's tokens (those not wholly inside the generation prompt),
         from the target's log-probs of the echoed program; NaN with a note in `loss_notes`
@@ -205,10 +224,11 @@ class EndpointSampler:
 
     # -- one row ----------------------------------------------------------------------------
 
-    def _sample_one(self, prompt: str, lang: str, key: str, k: int, temperature: float, top_p: float) -> Samples:
+    def _sample_one(self, prompt: str, lang: str, key: str, k: int, temperature: float, top_p: float,
+                    max_tokens: int | None = None, logprobs: bool = True) -> Samples:
         base = generation_prompt(prompt)
         stops = server_stops(prompt, lang)[:_MAX_STOPS]
-        payload = {"model": self.model, "prompt": base, "n": k, "max_tokens": self.cfg.max_new_tokens,
+        payload = {"model": self.model, "prompt": base, "n": k, "max_tokens": max_tokens or self.cfg.max_new_tokens,
                    "temperature": temperature, "top_p": top_p,
                    "seed": task_seed(self.cfg.seed, key)}
         if stops:
@@ -218,7 +238,7 @@ class EndpointSampler:
             return [(c, _token_logprobs(c)) for c in _choices(body, k)]
 
         try:
-            asked = self._logprobs
+            asked = self._logprobs and logprobs
             try:
                 choices = self._post({**payload, "logprobs": 1} if asked else payload, parse, key)
             except _Refused as exc:
@@ -230,7 +250,7 @@ class EndpointSampler:
             return self._failed(key, f"http_{exc.status}")
         except _RowFailed as exc:
             return self._failed(key, exc.reason)
-        notes = [NO_LOGPROBS] if any(lps is None for _, lps in choices) else []
+        notes = [NO_LOGPROBS] if logprobs and any(lps is None for _, lps in choices) else []
         texts, ppls, counts = [], [], []
         for choice, lps in choices:
             raw = choice["text"]

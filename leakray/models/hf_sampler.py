@@ -74,6 +74,19 @@ class HFSampler:
                 out[i] = s
         return out
 
+    def greedy_probe(self, prompts: list[str], languages: list[str], keys: list[str],
+                     max_new_tokens: int) -> list[str]:
+        groups: dict[tuple, list[int]] = {}
+        for i, (p, lang, key) in enumerate(zip(prompts, languages, keys)):
+            groups.setdefault((key, tuple(stop_strings(p, lang))), []).append(i)
+        out: list[str] = [""] * len(prompts)
+        for (key, stops), idx in groups.items():
+            got = self._generate([prompts[i] for i in idx], [languages[i] for i in idx], key, list(stops), 1, True,
+                                 max_new_tokens=min(max_new_tokens, self.cfg.max_new_tokens))
+            for i, s in zip(idx, got):
+                out[i] = s.completions[0]
+        return out
+
     def _prompt_ids(self, prompt: str) -> list[int]:
         """The prompt's tokens; a prompt too long for the context loses its *oldest* tokens
         (the signature the model must continue is at the end), and that is counted."""
@@ -87,7 +100,7 @@ class HFSampler:
         return ids
 
     def _generate(self, prompts: list[str], languages: list[str], key: str, stops: list[str],
-                  n: int, greedy: bool) -> list[Samples]:
+                  n: int, greedy: bool, max_new_tokens: int | None = None) -> list[Samples]:
         """n completions of each prompt (one task's), in one `generate` call seeded by the key."""
         import torch
 
@@ -106,7 +119,8 @@ class HFSampler:
         torch.manual_seed(task_seed(cfg.seed, key))
         with torch.inference_mode():
             gen = self.model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=cfg.max_new_tokens, output_logits=True,
+                input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens or cfg.max_new_tokens,
+                output_logits=True,
                 return_dict_in_generate=True, stop_strings=stops or None, tokenizer=self.tok,
                 pad_token_id=pad, **decode,
             )

@@ -110,6 +110,13 @@ class Sampler(Protocol):
         batch them together. `k` overrides the config's k; `greedy` decodes greedily
         (temperature 0), one completion per prompt unless `k` says otherwise."""
 
+    def greedy_probe(self, prompts: list[str], languages: list[str], keys: list[str],
+                     max_new_tokens: int) -> list[str]:
+        """One greedy continuation of each text (a prompt plus part of its reference: the
+        memory probes of `leakray.features.probes`), at most `max_new_tokens` tokens, cut where
+        the unit ends as `sample` cuts; texts sharing a key are one unit of work (a backend
+        batches them, and reuses their common prefix where it can). Text only: no log-probs."""
+
     def reference_scores(self, prompts: list[str], references: list[str]) -> list[RefScores]:
         """Per-token log-probs (and, where the backend can, Min-K%++'s mu/sigma and the rank)
         of each reference's continuation of its prompt; unscorable rows (counted in `stats`)

@@ -266,6 +266,24 @@ class VLLMSampler:
             results.append(res)
         return results
 
+    def greedy_probe(self, prompts: list[str], languages: list[str], keys: list[str],
+                     max_new_tokens: int) -> list[str]:
+        """All texts in one `generate` call, greedy, no log-probs; a task's probes share the prompt
+        and the reference's head, which prefix caching computes once."""
+        tokens = min(max_new_tokens, self.cfg.max_new_tokens)
+        prompt_ids = [self.tok(generation_prompt(p))["input_ids"] for p in prompts]
+        for key, ids in zip(keys, prompt_ids):
+            if len(ids) + tokens > self.max_len:
+                raise BadInput(f"task {key!r}: a probe has {len(ids)} tokens, which with {tokens} new tokens "
+                               f"exceeds the model's length of {self.max_len}", field=T.PROMPT)
+        params = [self._params(n=1, max_tokens=tokens, temperature=0.0, top_p=1.0, logprobs=None,
+                               stop=stop_strings(prompt, lang), include_stop_str_in_output=True,
+                               seed=task_seed(self.cfg.seed, key))
+                  for prompt, lang, key in zip(prompts, languages, keys)]
+        outputs = self._generate(prompt_ids, params)
+        return [keep(self.tok, list(out.outputs[0].token_ids), self.special, prompt, lang).text
+                for prompt, lang, out in zip(prompts, languages, outputs)]
+
     def reference_loss(self, prompts: list[str], references: list[str]) -> list[float]:
         return [s.loss for s in self.reference_scores(prompts, references)]
 

@@ -83,6 +83,13 @@ def wants_upper_case(cfg) -> bool:
     return bool(cfg.columns.upper_case) and reads_any(cfg, {C.UPPER_COMPLETIONS, C.UPPER_PERPLEXITY})
 
 
+def wanted_probes(cfg) -> tuple[str, ...]:
+    """The memory probes switched on that a requested detector reads."""
+    from leakray.stages.collect import PROBE_COLUMNS
+
+    return tuple(p for p in cfg.columns.probes if reads_any(cfg, set(PROBE_COLUMNS[p])))
+
+
 def with_variants(table: pa.Table, cfg, stage_dir: Path) -> pa.Table:
     """The collection's input with each task's proven AdvPrompt variants, when the run makes them."""
     if not wants_advprompt(cfg):

@@ -42,6 +42,23 @@ def choose_primary(card: DetectorCard, usable: list[str], requested: str | None)
     return sorted(usable, key=lambda n: (-auc[n], n))[0]
 
 
+def by_access(card: DetectorCard, target: pa.Table) -> tuple[str, list[str], dict[str, str]]:
+    """(what the target's model gives, the card detectors that access allows, the others with
+    why): an endpoint without log-probabilities runs every text-only detector and no other."""
+    from leakray.detect import registry
+    from leakray.detect.base import access_allows, collection_access
+
+    access = collection_access(target)
+    allowed, skipped = [], {}
+    for name in card.names:
+        needed = registry.spec(name).access
+        if access_allows(access, needed):
+            allowed.append(name)
+        else:
+            skipped[name] = f"needs {needed} access; the target gives {access}"
+    return access, allowed, skipped
+
+
 def screening_evidence(run_dir: Path, name: str) -> dict[str, dict]:
     """task_id -> best pair (corpus id, Jaccard, containment) from the screen stage, if it ran."""
     pairs = run_dir / "screen" / "pairs.parquet"
@@ -103,7 +120,9 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
     target = pq.read_table(run_dir / "collect_target" / "collection.parquet")
     task_ids = target.column(C.TASK_ID).to_pylist()
     member = target.column(C.MEMBER).to_numpy().astype(np.int64)
-    scores, skipped = card.score(target)
+    access, allowed, skipped_access = by_access(card, target)
+    scores, skipped = card.score(target, allowed)
+    skipped.update(skipped_access)
     crossfit = crossfit_scores(card, task_ids, scores)
     primary = choose_primary(card, list(scores), a.detector)
     cal = card.calibrator(primary)
@@ -150,6 +169,7 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
         "summary": {
             "benchmark": cfg.benchmark.name, "n_tasks": len(task_ids), "target": a.target,
             "card": card.id, "card_path": str(card.path), "primary_detector": primary,
+            "access": access, "detectors_run": sorted(scores),
             "leaked_fraction": decision, "inflation": infl,
             "self_calibrated": _public(selfcal_result), "card_route": _public(card_result),
             "rewrite_test": rewrite_test(run_dir, task_ids, a),
@@ -327,6 +347,7 @@ def render_markdown(r: dict) -> str:
         + (f"{_f(sc.get('estimate'), True)} ({_f((sc.get('ci') or [None])[0], True)}–"
            f"{_f((sc.get('ci') or [None, None])[1], True)})" if sc.get("estimate") is not None else "–")
         + ("" if sc.get("usable") else f" — not used: {sc.get('why_unusable')}"),
+        f"- access: {s.get('access', '–')} — detectors run: {', '.join(s.get('detectors_run') or []) or 'none'}",
         f"- card route ({s['primary_detector']}, rates off the rows that chose its cut): "
         + (f"{_f(cr.get('estimate'), True)} ({_f(cr['ci'][0], True)}–{_f(cr['ci'][1], True)})"
            if cr.get("estimate") is not None else "–")

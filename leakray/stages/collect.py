@@ -91,6 +91,9 @@ class ExtraColumns:
     reference_model: str | None = None  # path: score the reference under it too (calibrated attacks)
     upper_case: bool = False  # k completions of the upper-cased prompt (BUZZER-b)
     advprompt: bool = False  # one greedy completion per AdvPrompt variant (input column adv_prompts)
+    # text-only memory probes (leakray.features.probes.PROBES): one batched greedy call each per task
+    probes: tuple[str, ...] = ()
+    probe_tokens: int = 48  # generation budget of a probe continuation (it is compared over 32 code tokens)
 
 
 class SampleStage:
@@ -113,10 +116,11 @@ class SampleStage:
         prompts, refs = _col(batch, C.PROMPT), _col(batch, C.REFERENCE)
         langs, keys = _col(batch, C.LANGUAGE), _col(batch, C.TASK_ID)
         adv = _col(batch, C.ADV_PROMPTS) if self.extra.advprompt and C.ADV_PROMPTS in batch.column_names else None
+        tests = _col(batch, T.TESTS) if T.TESTS in batch.column_names else [""] * len(prompts)
         rows = []
         for i in range(len(prompts)):
             try:
-                rows.append(self._row(prompts[i], refs[i], langs[i], keys[i], adv[i] if adv else None))
+                rows.append(self._row(prompts[i], refs[i], langs[i], keys[i], adv[i] if adv else None, tests[i]))
             except Exception as exc:  # one task's crash (a prompt that breaks the tokenizer) fails that row alone
                 if isinstance(exc, MemoryError) or "OutOfMemory" in type(exc).__name__:
                     raise  # the worker's state, not the row: Ray retries the batch
@@ -133,9 +137,12 @@ class SampleStage:
         names += [C.REFMODEL_TOKEN_LOGPROBS] if self.ref_sampler is not None else []
         names += [C.UPPER_COMPLETIONS, C.UPPER_PERPLEXITY] if self.extra.upper_case else []
         names += [C.ADV_COMPLETIONS, C.ADV_PERPLEXITY] if adv else []
+        names += [c for name in self.extra.probes for c in PROBE_COLUMNS[name]]
+        names += [C.PROBE_SECONDS] if self.extra.probes else []
         return names + [C.NOTES]
 
-    def _row(self, prompt: str, ref: str, lang: str, key: str, adv_prompts: list[str] | None) -> dict:
+    def _row(self, prompt: str, ref: str, lang: str, key: str, adv_prompts: list[str] | None,
+             tests: str = "") -> dict:
         # one task at a time: the sampler's counters (truncations, NaN losses) become this row's notes
         k, sampler = self.sampler.cfg.k, self.sampler
         before = Counter(sampler.stats)
@@ -163,8 +170,41 @@ class SampleStage:
             row[C.UPPER_COMPLETIONS], row[C.UPPER_PERPLEXITY] = u.completions, u.perplexity
         if adv_prompts is not None and not row_failed(notes):
             row[C.ADV_COMPLETIONS], row[C.ADV_PERPLEXITY] = self._adv(adv_prompts, lang, key)
+        if self.extra.probes and not row_failed(notes):
+            row.update(self._probes(prompt, ref, lang, key, tests))
         row[C.NOTES] = notes
         return row
+
+    def _probes(self, prompt: str, ref: str, lang: str, key: str, tests: str) -> dict:
+        """The memory probes switched on, each one batched greedy call over the task's texts
+        (its cut points, or its masks), timed on its own."""
+        from leakray.features import probes as pr
+
+        out: dict = {}
+        seconds = [0.0] * len(pr.PROBES)
+        for name in self.extra.probes:
+            t0 = time.perf_counter()
+            if name == "prefix":
+                cuts = pr.prefix_cuts(prompt, ref)
+                out[C.PREFIX_CUTS], out[C.PREFIX_COMPLETIONS] = cuts, self._continue(prompt, ref, cuts, lang, key)
+            elif name == "mask":
+                spans = pr.mask_spans(prompt, ref)
+                out[C.MASK_SPANS] = [span for _, span in spans]
+                out[C.MASK_COMPLETIONS] = self._continue(prompt, ref, [at for at, _ in spans], lang, key)
+            else:  # greedy: the prompt alone; its rewrites are made here (no model), the null it is compared with
+                (out[C.GREEDY_COMPLETION],) = self.sampler.greedy_probe([prompt], [lang], [key],
+                                                                        self.sampler.cfg.max_new_tokens)
+                out[C.REWRITES] = pr.rewrite_continuations(prompt, ref, tests, key)
+            seconds[pr.PROBES.index(name)] = time.perf_counter() - t0
+        out[C.PROBE_SECONDS] = seconds
+        return out
+
+    def _continue(self, prompt: str, ref: str, cuts: list[int], lang: str, key: str) -> list[str]:
+        from leakray.features.probes import given_and_target
+
+        given = [given_and_target(prompt, ref, cut)[0] for cut in cuts]
+        return self.sampler.greedy_probe(given, [lang] * len(given), [key] * len(given),
+                                         self.extra.probe_tokens) if given else []
 
     def _adv(self, adv_prompts: list[str], lang: str, key: str) -> tuple[list[str], list[float]]:
         """One greedy completion per present variant, all of a task's variants in one call (the
@@ -176,6 +216,10 @@ class SampleStage:
         for j, s in zip(present, got):
             comps[j], ppls[j] = s.completions[0], s.perplexity[0]
         return comps, ppls
+
+
+PROBE_COLUMNS = {"prefix": (C.PREFIX_CUTS, C.PREFIX_COMPLETIONS), "mask": (C.MASK_SPANS, C.MASK_COMPLETIONS),
+                  "greedy": (C.GREEDY_COMPLETION, C.REWRITES)}
 
 
 def row_failed(notes) -> bool:
@@ -403,7 +447,14 @@ def collection_stats(table: pa.Table, seconds: float, errors_path: Path | None =
     if errors_path is not None and Path(errors_path).exists():
         failed = pq.read_table(errors_path).column(C.NOTES).to_pylist()
         notes.update(n for row in failed for n in row or [] if "failed:" in n)
+    from leakray.features.probes import PROBES
+
+    probe_s = [row for row in table.column(C.PROBE_SECONDS).to_pylist() if row] \
+        if C.PROBE_SECONDS in table.column_names else []
     return {
+        # each probe's wall time over the collection (what it adds to the sampling pass)
+        **({"probe_seconds": {p: round(sum(r[j] for r in probe_s), 2) for j, p in enumerate(PROBES)}}
+           if probe_s else {}),
         "rows": table.num_rows, "rows_out": table.num_rows, "completions": sum(statuses.values()),
         "unfilled_columns": unfilled_columns(table),
         # program outcomes (error = does not compile, timeout, memory) are in exec_status, not here

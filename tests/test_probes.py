@@ -1,0 +1,260 @@
+"""Text-only memory probes (issue 21): how probes are built and scored, each probe on a toy model
+that memorised one solution verbatim (through the HF sampler and through an endpoint that returns
+no log-probabilities), the probe detectors' column handling, the text-only composite, and an
+endpoint audit's detector list (access "black box": text-only detectors only, a text-only primary)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from cgmia_data import rich_collection
+
+from leakray.data.tasks import continuation, generation_prompt
+from leakray.detect import registry
+from leakray.detect.base import collection_access, missing_input
+from leakray.errors import BadInput
+from leakray.features import probes as pr
+from leakray.schema import C, T, collection_schema
+
+PROBE_DETECTORS = ("prefix_completion", "masked_span", "rewrite_preference")
+
+SEEN_P = 'def count_vowels_twice(text):\n    """Count the vowels of text, doubled."""\n'
+SEEN_R = SEEN_P + '    tally = 0\n    for letter in text:\n        if letter in "aeiou":\n            tally += 2\n    return tally\n'
+UNSEEN_P = 'def longest_word_length(sentence):\n    """Length of the longest word of a sentence."""\n'
+UNSEEN_R = UNSEEN_P + '    best = 0\n    for chunk in sentence.split():\n        best = max(best, len(chunk))\n    return best\n'
+
+
+# ---- building and scoring probes ----------------------------------------------------------------
+
+def test_prefix_probes_cut_at_word_starts_and_rebuild_the_program():
+    cuts = pr.prefix_cuts(SEEN_P, SEEN_R)
+    cont = continuation(SEEN_P, SEEN_R)
+    assert len(cuts) == 3 and cuts == sorted(cuts) and all(0 < c < len(cont) for c in cuts)
+    for c in cuts:
+        assert cont[c - 1].isspace() and not cont[c].isspace()  # no token split
+        given, target = pr.given_and_target(SEEN_P, SEEN_R, c)
+        assert given == given.rstrip() and given + target == generation_prompt(SEEN_P) + cont
+        assert given.startswith(generation_prompt(SEEN_P)) and len(given) > len(generation_prompt(SEEN_P))
+    assert pr.prefix_cuts("def f():\n", "def f():\n    pass\n") == [0]  # one word: the prompt alone
+
+
+def test_mask_spans_are_new_distinctive_identifiers_else_lines():
+    spans = pr.mask_spans(SEEN_P, SEEN_R)
+    cont = continuation(SEEN_P, SEEN_R)
+    assert [s for _, s in spans] == ["tally", "letter", "aeiou"]  # text order; `text` is the prompt's
+    assert all(cont[at:at + len(s)] == s for at, s in spans)
+    only_common = pr.mask_spans("def f(x):\n", "def f(x):\n    return len(x) + 1\n")
+    assert only_common == [(5, "return len(x) + 1")]
+
+
+def test_probe_statistics_by_hand():
+    # code tokens: tally = 0 for | letter; the next 5-gram needs all five
+    assert pr.prefix_match("\n    tally = 0\n    for", "\n    tally = 0\n    for letter") == pytest.approx((0.0, 0.8, 0.8))
+    assert pr.prefix_match("\n    tally = 0\n    for letter in", "\n    tally = 0\n    for letter in text") == \
+        pytest.approx((1.0, 6 / 7, 6 / 7))
+    assert pr.prefix_match("x", "\n    tally = 0")[:2] == (0.0, 0.0)
+    assert pr.mask_match(" tally += 2", "tally") == 1.0
+    assert pr.mask_match(" tallies", "tally") == pytest.approx(4 / 7)  # a longer word is not the name
+    assert pr.mask_match("(", "tally") == 0.0
+    orig, pref = pr.rewrite_preference("a = b + 1", "a = b + 1", ["c = b + 1"])
+    assert orig == 1.0 and pref == pytest.approx(1 - 4 / 5)
+    assert pr.rewrite_preference("a = 1", "a = 1", []) == (1.0, 0.0)  # no rewrite: no preference
+
+
+# ---- each probe on a toy model that memorised one solution ---------------------------------------
+
+@pytest.fixture(scope="module")
+def memorised(tiny_lm, tmp_path_factory):
+    from leakray.models.finetune import FinetuneConfig, finetune
+
+    out = tmp_path_factory.mktemp("memorised") / "model"
+    finetune(tiny_lm[0], [SEEN_R], FinetuneConfig(method="full", epochs=20, lr=1e-2, seed=0), out, progress=False)
+    return str(out)
+
+
+def _tasks() -> pa.Table:
+    from leakray.stages.collect import input_table
+
+    rows = [{T.TASK_ID: tid, T.BENCHMARK: "toy", T.LANGUAGE: "python", T.PROMPT: p, T.REFERENCE: r, T.TESTS: "",
+             T.RUNNER: "python"} for tid, p, r in (("seen", SEEN_P, SEEN_R), ("unseen", UNSEEN_P, UNSEEN_R))]
+    return input_table(rows, {}, {"seen"})
+
+
+def _probe_collection(model: str, sample) -> pa.Table:
+    from leakray.stages.collect import ExtraColumns, SampleStage, finalize
+
+    stage = SampleStage(model, sample, ExtraColumns(probes=pr.PROBES, probe_tokens=32))
+    return finalize(stage(_tasks()))
+
+
+def _seen_above_unseen(table: pa.Table) -> None:
+    assert table.column(C.TASK_ID).to_pylist() == ["seen", "unseen"]
+    for name in PROBE_DETECTORS:
+        seen, unseen = registry.make(name).score(table)
+        assert seen > unseen, (name, seen, unseen)
+    seconds = table.column(C.PROBE_SECONDS).to_pylist()
+    assert all(len(s) == 3 and min(s) > 0 for s in seconds)  # every probe ran and was timed
+
+
+def test_each_probe_scores_a_memorised_task_above_an_unseen_one(memorised):
+    from leakray.models.sampler import SampleConfig
+    from leakray.stages.collect import collection_stats
+
+    table = _probe_collection(memorised, SampleConfig(k=1, max_new_tokens=48))
+    _seen_above_unseen(table)
+    seen = table.to_pylist()[0]
+    assert len(seen[C.PREFIX_CUTS]) == len(seen[C.PREFIX_COMPLETIONS]) == 3
+    assert seen[C.MASK_SPANS] == ["tally", "letter", "aeiou"] and len(seen[C.MASK_COMPLETIONS]) == 3
+    assert len(seen[C.REWRITES]) == pr.N_REWRITES and continuation(SEEN_P, SEEN_R) not in seen[C.REWRITES]
+    assert collection_access(table) == "weights"
+    table = table.set_column(table.schema.get_field_index(C.EXEC_STATUS), C.EXEC_STATUS,
+                             pa.array([[]] * 2, pa.list_(pa.string())))
+    table = table.set_column(table.schema.get_field_index(C.N_TOKENS), C.N_TOKENS,
+                             pa.array([[]] * 2, pa.list_(pa.int32())))
+    stats = collection_stats(table, 1.0)
+    assert set(stats["probe_seconds"]) == set(pr.PROBES) and min(stats["probe_seconds"].values()) > 0
+
+
+def test_probes_through_an_endpoint_without_logprobs(memorised):
+    from leakray.models.endpoint_server import CompletionServer, HFBackend
+    from leakray.models.sampler import SampleConfig
+
+    with CompletionServer(HFBackend(memorised, no_logprobs="ignore")) as srv:
+        table = _probe_collection(memorised, SampleConfig(backend="openai", endpoint_url=srv.url, k=1,
+                                                          max_new_tokens=48, max_retries=0))
+        probe_requests = srv.count(lambda body: body.get("temperature") == 0.0 and "logprobs" not in body)
+    assert collection_access(table) == "black box"  # text only: no reference scores, NaN perplexities
+    assert table.column(C.REF_TOKEN_LOGPROBS).null_count == 2
+    _seen_above_unseen(table)
+    n_texts = sum(len(r[C.PREFIX_CUTS]) + len(r[C.MASK_SPANS]) + 1 for r in table.to_pylist())
+    assert probe_requests == n_texts  # one greedy request per probe text, none asking for log-probs
+
+
+# ---- column handling ------------------------------------------------------------------------------
+
+def with_probes(table: pa.Table, signal: bool = True) -> pa.Table:
+    """``table`` (prompts, references, members) plus the probe columns: members' continuations are
+    the true ones (when ``signal``), non-members' another task's."""
+    rows = table.select([C.TASK_ID, C.PROMPT, C.REFERENCE, C.MEMBER]).to_pylist()
+    cols = {c: [] for c in (C.PREFIX_CUTS, C.PREFIX_COMPLETIONS, C.MASK_SPANS, C.MASK_COMPLETIONS,
+                            C.GREEDY_COMPLETION, C.REWRITES, C.PROBE_SECONDS)}
+    for i, r in enumerate(rows):
+        p, ref = r[C.PROMPT], r[C.REFERENCE]
+        other = rows[(i + 1) % len(rows)]
+        knows = signal and r[C.MEMBER] == 1
+        cuts = pr.prefix_cuts(p, ref)
+        spans = pr.mask_spans(p, ref)
+        cols[C.PREFIX_CUTS].append(cuts)
+        cols[C.PREFIX_COMPLETIONS].append([pr.given_and_target(p, ref, c)[1] if knows else
+                                           continuation(other[C.PROMPT], other[C.REFERENCE]) for c in cuts])
+        cols[C.MASK_SPANS].append([s for _, s in spans])
+        cols[C.MASK_COMPLETIONS].append([" " + s if knows else " value" for _, s in spans])
+        cols[C.GREEDY_COMPLETION].append(continuation(p, ref) if knows else
+                                         continuation(other[C.PROMPT], other[C.REFERENCE]))
+        cols[C.REWRITES].append(pr.rewrite_continuations(p, ref, "", r[C.TASK_ID]))
+        cols[C.PROBE_SECONDS].append([0.1, 0.1, 0.1])
+    sch = collection_schema()
+    for name, values in cols.items():
+        table = table.append_column(sch.field(name), pa.array(values, sch.field(name).type))
+    return table
+
+
+def _auc(table, name):
+    from sklearn.metrics import roc_auc_score
+
+    return roc_auc_score(table.column(C.MEMBER).to_numpy(), registry.make(name).score(table))
+
+
+@pytest.mark.parametrize("name", PROBE_DETECTORS)
+def test_probe_detectors_find_their_signal_and_skip_without_columns(name):
+    table = with_probes(rich_collection(n=60, seed=2, signal=0.0))
+    assert _auc(table, name) > 0.9
+    assert abs(_auc(with_probes(rich_collection(n=60, seed=2, signal=0.0), signal=False), name) - 0.5) < 0.2
+    spec = registry.spec(name)
+    assert spec.access == "black box" and spec.family == "generation" and not spec.learns
+    bare = rich_collection(n=10, seed=3)
+    assert "lacks column" in missing_input(bare, spec.columns)
+    empty = with_probes(bare)
+    col = spec.columns[-1]
+    empty = empty.set_column(empty.schema.get_field_index(col), col,
+                             pa.nulls(empty.num_rows, collection_schema().field(col).type))
+    assert "is empty" in missing_input(empty, spec.columns)
+    one_null = with_probes(bare)
+    values = one_null.column(col).to_pylist()
+    values[4] = None
+    one_null = one_null.set_column(one_null.schema.get_field_index(col), col,
+                                   pa.array(values, collection_schema().field(col).type))
+    with pytest.raises(BadInput, match="row 4"):
+        registry.make(name).score(one_null)
+
+
+def test_probe_detector_statistics_are_parameters():
+    table = with_probes(rich_collection(n=20, seed=2, signal=0.0))
+    for stat in ("ngram", "lcp", "edit"):
+        assert registry.make("prefix_completion", {"statistic": stat}).score(table).shape == (20,)
+    orig = registry.make("rewrite_preference", {"statistic": "original"}).score(table)
+    assert np.all((orig >= 0) & (orig <= 1))
+    with pytest.raises(BadInput):
+        registry.make("prefix_completion", {"statistic": "bleu"})
+
+
+def test_text_combined_uses_text_only_inputs_and_composites_take_the_probes():
+    shadow = with_probes(rich_collection(n=80, seed=1, signal=0.3))
+    target = black_box(with_probes(rich_collection(n=40, seed=2, prefix="u", signal=0.3)))
+    det = registry.make("text_combined").fit(shadow, 0)
+    assert det.info["groups_used"]["probes"] == ["prefix", "mask", "greedy"]
+    assert set(det.info["groups_used"]) == {"text_expert", "semantic", "text_generation", "probes"}
+    from sklearn.metrics import roc_auc_score
+
+    assert roc_auc_score(target.column(C.MEMBER).to_numpy(), det.score(target)) > 0.8  # no logprob column read
+    full = registry.make("leakray_combined").fit(shadow, 0)
+    assert full.info["groups_used"]["probes"] == ["prefix", "mask", "greedy"]
+    with pytest.raises(BadInput, match="groups must be"):
+        registry.make("text_combined", {"groups": ["likelihood"]})
+
+
+# ---- the audit of an endpoint without log-probabilities -------------------------------------------
+
+def black_box(table: pa.Table) -> pa.Table:
+    """What a text-only endpoint's collection holds: no reference scores, NaN perplexities."""
+    sch = collection_schema()
+    for name in (C.REF_LOSS, C.REF_TOKEN_LOGPROBS, C.REF_TOKEN_MU, C.REF_TOKEN_SIGMA, C.REF_TOKEN_RANK,
+                 C.REFMODEL_TOKEN_LOGPROBS, C.UPPER_PERPLEXITY):
+        if name in table.column_names:
+            table = table.set_column(table.schema.get_field_index(name), name, pa.nulls(table.num_rows,
+                                                                                        sch.field(name).type))
+    k = len(table.column(C.PERPLEXITY)[0].as_py())
+    for name, width in ((C.PERPLEXITY, k), (C.EXPERT, 4 * k)):
+        values = [[float("nan")] * k + row[k:] if name == C.EXPERT else [float("nan")] * width
+                  for row in table.column(name).to_pylist()]
+        table = table.set_column(table.schema.get_field_index(name), name, pa.array(values, sch.field(name).type))
+    return table
+
+
+def test_endpoint_audit_runs_every_text_only_detector_with_a_text_only_primary(tmp_path):
+    from leakray.config import AUDIT_DEFAULTS, AuditConfig, load_config
+    from leakray.protocols.card import build_card
+    from leakray.report.audit import by_access, choose_primary
+
+    names = ["ref_loss", "min_k", "detectleak", "gt_match", "cdd", *PROBE_DETECTORS, "text_combined",
+             "leakray_combined"]
+    cfg = load_config([AUDIT_DEFAULTS], [f"detect.detectors=[{','.join(names)}]", "detect.use_ray_train=false",
+                                         "detect.bootstrap=20"], AuditConfig)
+    shadow = with_probes(rich_collection(n=80, seed=1, signal=0.6))
+    card = build_card(shadow, cfg, tmp_path / "card", storage=tmp_path / "ray", meta={"benchmark": {"name": "x"}})
+    assert set(card.names) == set(names)
+
+    target = black_box(with_probes(rich_collection(n=40, seed=2, prefix="u", signal=0.6)))
+    access, allowed, skipped = by_access(card, target)
+    text_only = {"gt_match", "cdd", *PROBE_DETECTORS, "text_combined"}
+    assert access == "black box" and set(allowed) == text_only
+    assert set(skipped) == {"ref_loss", "min_k", "detectleak", "leakray_combined"}
+    assert all("needs logprobs access; the target gives black box" in why for why in skipped.values())
+    scores, unusable = card.score(target, allowed)
+    assert set(scores) == text_only and not unusable
+    primary = choose_primary(card, list(scores), None)
+    assert registry.spec(primary).access == "black box"
+    # the same card on a target with log-probabilities runs everything
+    assert by_access(card, with_probes(rich_collection(n=20, seed=4, prefix="w")))[0] == "weights"
+    assert card.score(target, [])[0] == {}  # an empty selection is empty, not "all"
