@@ -215,7 +215,9 @@ def collection_settings(cfg: AuditConfig, reference: str) -> dict:
     return {"k": s.k, "temperature": s.temperature, "top_p": s.top_p, "max_new_tokens": s.max_new_tokens,
             "embed": cfg.embed.model_dump(),
             "reference_model": None if cfg.columns.reference_model is None else reference,
-            "upper_case": cfg.columns.upper_case}
+            "upper_case": cfg.columns.upper_case,
+            # the memory probes' statistics depend on their generation budget (text-only audits use them)
+            "probes": list(cfg.columns.probes), "probe_tokens": cfg.columns.probe_tokens}
 
 
 def run_audit(cfg: AuditConfig, console: Console | None = None, card_only: bool = False) -> Path:
