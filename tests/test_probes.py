@@ -258,3 +258,29 @@ def test_endpoint_audit_runs_every_text_only_detector_with_a_text_only_primary(t
     # the same card on a target with log-probabilities runs everything
     assert by_access(card, with_probes(rich_collection(n=20, seed=4, prefix="w")))[0] == "weights"
     assert card.score(target, [])[0] == {}  # an empty selection is empty, not "all"
+
+
+def test_vllm_probe_is_one_greedy_call_without_logprobs(monkeypatch, tmp_path):
+    """Through the stand-in `vllm` of tests/test_vllm_sampler.py (no GPU here)."""
+    import sys
+    import types
+    from types import SimpleNamespace as NS
+
+    from test_vllm_sampler import _LLM
+
+    from leakray.models.sampler import SampleConfig
+
+    seen = []
+    mod = types.ModuleType("vllm")
+    mod.LLM = _LLM
+    mod.SamplingParams = lambda **kw: seen.append(kw) or NS(**{"prompt_logprobs": None, **kw})
+    monkeypatch.setitem(sys.modules, "vllm", mod)
+    monkeypatch.setenv("LEAKRAY_CACHE", str(tmp_path))
+    from leakray.models.vllm_sampler import VLLMSampler
+
+    s = VLLMSampler("base", SampleConfig(k=3, max_new_tokens=64, max_model_len=256))
+    texts = [pr.given_and_target(SEEN_P, SEEN_R, c)[0] for c in pr.prefix_cuts(SEEN_P, SEEN_R)]
+    got = s.greedy_probe(texts, ["python"] * 3, ["seen"] * 3, 16)
+    assert got == ["\n    return 1\n"] * 3 and s.llm.calls[-1][0] == 3  # one call for the task's texts
+    assert all(p["n"] == 1 and p["temperature"] == 0.0 and p["max_tokens"] == 16 and p["logprobs"] is None
+               for p in seen[-3:])
