@@ -214,3 +214,21 @@ def test_missing_vllm_names_the_extra(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", fake_import)
     with pytest.raises(ImportError, match=r"pip install 'leakray\[vllm\]'"):
         VLLMSampler("m", SampleConfig())
+
+
+def test_the_pretraining_corpus_is_tokenized_once_per_corpus_and_vocabulary(tmp_path, monkeypatch):
+    from leakray.models.offline import TinyLMConfig, corpus_tokens
+
+    monkeypatch.setenv("LEAKRAY_CACHE", str(tmp_path))
+    cfg = TinyLMConfig(vocab_size=300, corpus_mb=0.05)
+    tok, ids = corpus_tokens(cfg)
+    (cached,) = tmp_path.glob("corpus-tokens-*")
+    mtime = (cached / "ids.npy").stat().st_mtime_ns
+    # another training setting, the same corpus and vocabulary: read back, not rebuilt
+    tok2, ids2 = corpus_tokens(TinyLMConfig(vocab_size=300, corpus_mb=0.05, max_steps=7, n_layer=1))
+    assert (cached / "ids.npy").stat().st_mtime_ns == mtime and ids2.equal(ids)
+    text = "def f(x):\n    return x + 1\n"
+    assert tok2(text)["input_ids"] == tok(text)["input_ids"] and tok2.padding_side == "left"
+    assert int((ids == tok.eos_token_id).sum()) >= 1  # files separated by EOS
+    corpus_tokens(TinyLMConfig(vocab_size=320, corpus_mb=0.05))  # another vocabulary: its own entry
+    assert len(list(tmp_path.glob("corpus-tokens-*"))) == 2

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import math
 import random
+import os
+import sys
 import sysconfig
 import time
 from dataclasses import asdict, dataclass
@@ -23,6 +25,7 @@ log = logging.getLogger(__name__)
 
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
+IDS_FILE = "ids.npy"
 _SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "lib2to3", "__pycache__", "turtledemo", "ensurepip"}
 
 
@@ -79,6 +82,37 @@ def train_tokenizer(texts: list[str], vocab_size: int, out_dir: Path):
     return tok
 
 
+def corpus_tokens(cfg: TinyLMConfig):
+    """The pretraining corpus as (tokenizer, token ids with EOS between files), cached by what
+    they depend on (corpus size, vocabulary, this Python's standard library): base models that
+    differ only in their training settings share them, and a quick base (30 steps) spent most
+    of its build training the tokenizer and tokenizing 12 MB."""
+    import numpy as np
+    import torch
+    from transformers import PreTrainedTokenizerFast
+
+    key = content_hash(cfg.corpus_mb, cfg.vocab_size, sys.version, sysconfig.get_paths()["stdlib"])
+    out = cache_root() / f"corpus-tokens-{key}"
+    if not (out / IDS_FILE).exists():
+        tmp = out.with_name(out.name + f".partial{os.getpid()}")  # renamed when complete: a killed build is redone
+        texts = stdlib_sources(int(cfg.corpus_mb * 1e6))
+        tok = train_tokenizer(texts, cfg.vocab_size, tmp)
+        ids: list[int] = []
+        for text in texts:
+            ids.extend(tok(text)["input_ids"])
+            ids.append(tok.eos_token_id)
+        np.save(tmp / IDS_FILE, np.asarray(ids, dtype=np.int32))
+        try:
+            tmp.rename(out)
+        except OSError:  # another process finished the same corpus first: theirs is the same
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    tok = PreTrainedTokenizerFast.from_pretrained(out)
+    tok.padding_side = "left"  # generation pads on the left
+    return tok, torch.from_numpy(np.load(out / IDS_FILE).astype(np.int64))
+
+
 def _lm_config(cfg: TinyLMConfig, tok):
     from transformers import GPT2Config
 
@@ -107,15 +141,9 @@ def pretrain(cfg: TinyLMConfig, out_dir: Path, progress: bool = True) -> dict:
     torch.set_num_threads(cfg.threads)
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    texts = stdlib_sources(int(cfg.corpus_mb * 1e6))
-    tok = train_tokenizer(texts, cfg.vocab_size, out_dir)
+    tok, data = corpus_tokens(cfg)
+    tok.save_pretrained(out_dir)
     t_tok = time.perf_counter() - t0
-
-    ids: list[int] = []
-    for text in texts:
-        ids.extend(tok(text)["input_ids"])
-        ids.append(tok.eos_token_id)
-    data = torch.tensor(ids, dtype=torch.long)
     n_val = cfg.block_size * 64
     train, val = data[:-n_val], data[-n_val:]
 
