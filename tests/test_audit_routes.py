@@ -187,3 +187,19 @@ def test_a_cards_few_or_none_does_not_stand_when_a_faint_leak_cannot_be_excluded
     assert decide(ambiguous, card, route="card")["estimate"] == 0.0  # asked for by name: the user's call
     boundary = {"usable": False, "ambiguous": False, "why_unusable": "half the tasks"}
     assert decide(boundary, {"usable": True, "estimate": 0.54, "ci": [0.36, 0.73]})["route"] == "card"
+
+
+def test_primary_on_a_tie_is_a_detector_that_learnt_nothing():
+    from types import SimpleNamespace
+
+    from leakray.report.audit import choose_primary
+
+    def entry(auc, learns):
+        return {"validation": {"auc": auc}, "spec": {"learns": learns}}
+
+    card = SimpleNamespace(meta={"detectors": {"codemi": entry(1.0, True), "ref_loss": entry(1.0, False),
+                                               "zlib": entry(0.9, False), "cgmia": entry(0.95, True)}})
+    # codemi sorts first by name, but cross-fitting would leave it half the benchmark
+    assert choose_primary(card, ["codemi", "ref_loss", "zlib", "cgmia"], None) == "ref_loss"
+    assert choose_primary(card, ["codemi", "zlib", "cgmia"], None) == "codemi"  # the best AUC still wins
+    assert choose_primary(card, ["codemi", "ref_loss"], "codemi") == "codemi"  # asked for by name

@@ -28,7 +28,8 @@ CURVE_POINTS = 200
 
 def choose_primary(card: DetectorCard, usable: list[str], requested: str | None) -> str:
     """The detector behind probabilities and verdicts: the one asked for, else the best
-    shadow-validation AUC among those the target's collection can feed (ties: by name)."""
+    shadow-validation AUC among those the target's collection can feed (ties: a detector that
+    learnt nothing, then by name)."""
     from leakray.errors import BadInput
 
     if requested:
@@ -39,7 +40,10 @@ def choose_primary(card: DetectorCard, usable: list[str], requested: str | None)
     if not usable:
         raise BadInput("no detector of the card can score this target's collection")
     auc = {n: card.meta["detectors"][n]["validation"].get("auc") or 0.0 for n in usable}
-    return sorted(usable, key=lambda n: (-auc[n], n))[0]
+    # on a tie, one that learnt nothing from the shadow's tasks: cross-fitting leaves a learned
+    # detector only the tasks the card held out, so it would estimate from half the benchmark
+    learns = {n: bool(card.meta["detectors"][n]["spec"].get("learns")) for n in usable}
+    return sorted(usable, key=lambda n: (-auc[n], learns[n], n))[0]
 
 
 def by_access(card: DetectorCard, target: pa.Table) -> tuple[str, list[str], dict[str, str]]:
