@@ -130,3 +130,31 @@ def test_a_detector_kept_outside_leakray_plugs_in_with_one_entry(monkeypatch, ta
             registry.names()
     finally:
         registry.detector_class.cache_clear()
+
+
+def test_every_detector_declares_its_fit_and_the_protocol_chooses_where_it_runs(monkeypatch):
+    from leakray.detect.base import FIT_KINDS
+    from leakray.detect.cgmia import CGMIAConfig, arrays_from_table, fit_thresholded
+    from leakray.protocols import detectors as proto
+
+    fits = {name: registry.spec(name).fit for name in registry.names()}
+    assert set(fits.values()) <= set(FIT_KINDS)
+    assert fits["cgmia"] == "ray_train" and fits["lr"] == fits["mlp"] == "ray_tune" and fits["min_k"] == "none"
+    assert all(registry.detector_class(n).group == "expert_ml" for n in ("lr", "rf", "svm", "nb", "dt", "mlp"))
+
+    calls = []
+
+    def fake_ray_train(shadow, config, seeds, *, storage_path, threshold_rule, threshold_folds):
+        calls.append(seeds)  # the run the protocol lends; trains in-process here
+        arrays = arrays_from_table(shadow)
+        return [fit_thresholded(arrays, config, s, threshold_rule, threshold_folds) for s in seeds]
+
+    monkeypatch.setattr(proto, "train_cgmia_seeds_on_ray", fake_ray_train)
+    shadow, target = synthetic_collection(n=60, seed=1), synthetic_collection(n=40, seed=2, prefix="u")
+    small = CGMIAConfig(epochs=2, expert_proj_dim=16, hidden=(8,), batch_size=32)
+    on = proto.evaluate_detectors(shadow, target, small, [3, 4], detectors=["cgmia"], use_ray_train=True,
+                                  bootstrap=0, trace_memory=False)
+    off = proto.evaluate_detectors(shadow, target, small, [3, 4], detectors=["cgmia"], use_ray_train=False,
+                                   bootstrap=0, trace_memory=False)
+    assert calls == [[3, 4]]  # lent once for every seed, and only when asked
+    assert [m["auc"] for m in on["per_seed"]["cgmia"]] == [m["auc"] for m in off["per_seed"]["cgmia"]]

@@ -29,6 +29,7 @@ from leakray.errors import BadInput
 from leakray.evaluate.thresholds import DEFAULT_RULE, choose_threshold
 from leakray.schema import C
 
+FIT_KINDS = ("none", "local", "ray_train", "ray_tune")
 ACCESS_LEVELS = ("black box", "logprobs", "weights")
 FAMILIES = ("likelihood", "generation", "learned", "composite")
 META_FILE = "detector.json"
@@ -43,14 +44,37 @@ class DetectorSpec:
     family: str  # one of FAMILIES
     learns: bool  # trains on the shadow (so its result depends on the seed)
     summary: str  # one line: the statistic
+    # how it fits (FIT_KINDS; default: "local" if it learns, else "none"); where a ray_train or
+    # ray_tune fit runs is the protocol's choice, through the FitContext it hands in
+    fit: str | None = None
 
     def __post_init__(self):
         if self.access not in ACCESS_LEVELS or self.family not in FAMILIES:
             raise BadInput(f"detector {self.name}: bad access {self.access!r} or family {self.family!r}")
+        if self.fit is None:
+            object.__setattr__(self, "fit", "local" if self.learns else "none")
+        if self.fit not in FIT_KINDS or (self.fit == "none") == self.learns:
+            raise BadInput(f"detector {self.name}: bad fit {self.fit!r} (one of {FIT_KINDS}; 'none' iff it "
+                           "does not learn)")
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "paper": self.paper, "columns": list(self.columns), "access": self.access,
-                "family": self.family, "learns": self.learns, "summary": self.summary}
+                "family": self.family, "learns": self.learns, "fit": self.fit, "summary": self.summary}
+
+
+@dataclass
+class FitContext:
+    """What a run lends a learned detector's fit, handed in by the protocol: a detector never
+    chooses where it runs. ``trials`` runs a grid search's trials (None: in-process, one after
+    the other; the protocols pass one Ray Tune run), ``train_seeds`` trains every seed of a
+    detector whose fit is ``ray_train`` (None: in-process; the protocols pass one Ray Train run),
+    ``storage_path`` is where such runs keep their files."""
+
+    storage_path: Any = None
+    trials: Any = None
+    train_seeds: Any = None
+    threshold_rule: str = DEFAULT_RULE
+    progress: bool = False
 
 
 def collection_access(table: pa.Table) -> str:
@@ -132,6 +156,7 @@ class Detector:
 
     spec: ClassVar[DetectorSpec]
     defaults: ClassVar[Mapping[str, Any]] = {}
+    group: ClassVar[str | None] = None  # detectors of one group are fitted by one fit_group call
 
     def __init__(self, **params: Any):
         unknown = set(params) - set(self.defaults)
@@ -150,9 +175,19 @@ class Detector:
 
     @classmethod
     def fit_seeds(cls, shadow: pa.Table, seeds: Iterable[int], params: Mapping[str, Any] | None = None,
-                  **context: Any) -> list["Detector"]:
-        """One fitted detector per seed; ``context`` carries run facilities (``storage_path``)."""
+                  context: FitContext | None = None) -> list["Detector"]:
+        """One fitted detector per seed; ``context`` lends run facilities (a Ray Tune or Ray Train
+        runner, where they store files)."""
         return [cls(**dict(params or {})).fit(shadow, s) for s in seeds]
+
+    @classmethod
+    def fit_group(cls, names: list[str], shadow: pa.Table, seeds: Iterable[int],
+                  params: Mapping[str, Mapping[str, Any]], context: FitContext | None = None) -> dict[str, list]:
+        """Several detectors of one ``group`` fitted together ({name: [detector per seed]}), when
+        one run serves them all (one grid search over several models); by default one by one."""
+        from leakray.detect.registry import detector_class
+
+        return {n: detector_class(n).fit_seeds(shadow, seeds, params.get(n), context) for n in names}
 
     def score(self, table: pa.Table) -> np.ndarray:
         raise NotImplementedError

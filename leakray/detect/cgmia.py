@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -402,7 +402,7 @@ def fit_thresholded(train_arrays: Mapping[str, np.ndarray], config: CGMIAConfig 
 
 
 # -- registry entry ----------------------------------------------------------------------
-from leakray.detect.base import Detector, DetectorSpec, labels  # noqa: E402  (base imports nothing from here)
+from leakray.detect.base import Detector, DetectorSpec, FitContext, labels  # noqa: E402  (base imports nothing from here)
 
 
 class CGMIA(Detector):
@@ -412,7 +412,7 @@ class CGMIA(Detector):
     spec = DetectorSpec("cgmia", "the CGMIA paper (Table 1)", (C.EXPERT, C.GEN_EMBEDDING, C.REF_EMBEDDING),
                         "logprobs", "learned", True,
                         "frozen CNN over completion embeddings + reference embedding + projected expert "
-                        "features -> FFN")
+                        "features -> FFN", fit="ray_train")
     defaults = {"config": {}, "folds": CROSS_FIT_FOLDS}
 
     def __init__(self, **params: Any):
@@ -423,9 +423,26 @@ class CGMIA(Detector):
         self._oof: tuple[np.ndarray, np.ndarray, str] | None = None
 
     @classmethod
-    def wrap(cls, model: CGMIADetector) -> "CGMIA":
+    def fit_seeds(cls, shadow: pa.Table, seeds: Iterable[int], params: Mapping[str, Any] | None = None,
+                  context: FitContext | None = None) -> list["CGMIA"]:
+        """Every seed trained and thresholded (cross-fitted): as one Ray Train run when the
+        protocol lends one (``context.train_seeds``), else in this process."""
+        ctx = context or FitContext()
+        proto = cls(**dict(params or {}))
+        seeds, folds = [int(s) for s in seeds], int(proto.params["folds"])
+        if ctx.train_seeds is not None:
+            models = ctx.train_seeds(shadow, proto.config, seeds, storage_path=ctx.storage_path,
+                                     threshold_rule=ctx.threshold_rule, threshold_folds=folds)
+        else:
+            arrays = arrays_from_table(shadow)
+            models = [fit_thresholded(arrays, proto.config, s, ctx.threshold_rule, folds, progress=ctx.progress)
+                      for s in seeds]
+        return [cls.wrap(m, folds) for m in models]
+
+    @classmethod
+    def wrap(cls, model: CGMIADetector, folds: int = CROSS_FIT_FOLDS) -> "CGMIA":
         """A trained (and thresholded) ``CGMIADetector`` as a registry detector."""
-        det = cls(config=model.config.to_dict())
+        det = cls(config=model.config.to_dict(), folds=folds)
         det.model, det.seed, det.threshold_ = model, model.seed, model.threshold
         return det
 

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from leakray.detect.arrays import list_column
-from leakray.detect.base import Detector, DetectorSpec, labels, split_by_task, task_keys
+from leakray.detect.base import Detector, DetectorSpec, FitContext, labels, split_by_task, task_keys
 from leakray.detect.datafiles import MODEL_FILE, load_sklearn, save_sklearn
 from leakray.detect.grid import TrialRunner, choose, grid_points, local_trials
 from leakray.errors import BadInput
@@ -134,6 +134,7 @@ class ExpertML(Detector):
 
     kind: ClassVar[str]
     defaults = {"grid": None, "val_share": VAL_SHARE}  # grid None: GRIDS[kind]
+    group = "expert_ml"  # every classic model asked for shares one grid search
 
     def __init__(self, **params: Any):
         super().__init__(**params)
@@ -145,9 +146,16 @@ class ExpertML(Detector):
 
     @classmethod
     def fit_seeds(cls, shadow: pa.Table, seeds: Iterable[int], params: Mapping[str, Any] | None = None,
-                  storage_path=None, trials: TrialRunner | None = None, **context: Any) -> list["ExpertML"]:
-        return fit_kinds(shadow, [cls.spec.name], seeds, {cls.spec.name: params or {}}, storage_path,
-                         trials)[cls.spec.name]
+                  context: FitContext | None = None) -> list["ExpertML"]:
+        return cls.fit_group([cls.spec.name], shadow, seeds, {cls.spec.name: params or {}}, context)[cls.spec.name]
+
+    @classmethod
+    def fit_group(cls, names: list[str], shadow: pa.Table, seeds: Iterable[int],
+                  params: Mapping[str, Mapping[str, Any]], context: FitContext | None = None) -> dict[str, list]:
+        """Every classic model asked for in ONE search (one Ray Tune run when the protocol lends it)."""
+        ctx = context or FitContext()
+        storage = None if ctx.storage_path is None else Path(ctx.storage_path) / "tune"
+        return fit_kinds(shadow, names, seeds, params, storage, ctx.trials)
 
     def _fit_chosen(self, data: Mapping[str, Any], seed: int, found: Mapping[str, Any]) -> None:
         self.seed = int(seed)
@@ -185,7 +193,8 @@ class ExpertML(Detector):
 def _spec(name: str, what: str) -> DetectorSpec:
     return DetectorSpec(name, f"the CGMIA paper §4.4 after Hisamoto et al., TACL 2020 ({what})", (C.EXPERT,),
                         "logprobs", "learned", True,
-                        f"{what} on per-task means of the 4 expert features, grid-searched on Ray Tune")
+                        f"{what} on per-task means of the 4 expert features, grid-searched on Ray Tune",
+                        fit="ray_tune")
 
 
 class LR(ExpertML):

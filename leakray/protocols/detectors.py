@@ -60,7 +60,6 @@ def _labels(table: pa.Table, which: str) -> np.ndarray:
 
 
 DEFAULT_DETECTORS = ("cgmia", "detectleak", "ref_loss", "gt_match")  # the pre-registry set
-_EXPERT_ML = ("lr", "rf", "svm", "nb", "dt", "mlp")  # searched together in one Ray Tune run
 
 
 COST_NOTE = ("wall_s: fit + threshold + target scoring, all seeds (tracemalloc's overhead included). "
@@ -151,7 +150,7 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
     """
     from leakray.detect import registry
     from leakray.detect.base import missing_input
-    from leakray.detect.cgmia import CGMIA as CGMIAEntry
+    from leakray.detect.base import FitContext
 
     config = config or CGMIAConfig()
     seeds = [int(s) for s in seeds]
@@ -212,54 +211,43 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
         else:
             runnable.append(name)
 
-    expert_ml = [n for n in runnable if n in _EXPERT_ML]
-    if expert_ml:  # one Tune run for all of them; each gets the shared wall time, marked so
-        from leakray.detect.expert_ml import fit_kinds
-        from leakray.executor.tune import tune_trials
+    # where learned detectors fit is chosen here, never by them: one Ray Tune run for a grid
+    # search, one Ray Train run for every seed of a ray_train detector (or in-process)
+    from leakray.executor.tune import tune_trials
 
+    context = FitContext(storage_path=storage_path, trials=tune_trials,
+                         train_seeds=train_cgmia_seeds_on_ray if use_ray_train else None,
+                         threshold_rule=threshold_rule, progress=progress)
+    params.setdefault(CGMIA, {}).setdefault("config", config.to_dict())
+    params[CGMIA].setdefault("folds", threshold_folds)
+    groups: dict[str, list[str]] = {}  # a group's detectors are fitted by one call (one shared run)
+    for name in runnable:
+        groups.setdefault(registry.detector_class(name).group or name, []).append(name)
+
+    for members in groups.values():
+        cls = registry.detector_class(members[0])
         try:
             with _Cost(trace_memory) as cost:
-                fitted = fit_kinds(shadow_table, expert_ml, seeds, params, trials=tune_trials,
-                                   storage_path=None if storage_path is None else Path(storage_path) / "tune")
-                for name in expert_ml:
-                    record(name, fitted[name], lambda d: d.seed)
-            for name in expert_ml:
-                costs[name] = cost.to_dict(shared_run=expert_ml, trial_s=round(sum(
-                    d["trial_seconds"] for d in details[name]), 3))
-        except BadInput as exc:
-            for name in expert_ml:
+                if not cls.spec.learns:
+                    det = cls(**params.get(members[0], {})).fit(shadow_table, BASELINE_SEED)
+                    record(members[0], [det], lambda d: BASELINE_SEED)
+                else:
+                    fitted = cls.fit_group(members, shadow_table, seeds, params, context) if cls.group else \
+                        {members[0]: cls.fit_seeds(shadow_table, seeds, params.get(members[0]), context)}
+                    for name in members:
+                        record(name, fitted[name], lambda d: d.seed)
+            for name in members:  # a shared run's wall time is each member's, marked so
+                shared = {"shared_run": members} if len(members) > 1 else {}
+                trial_s = [d.get("trial_seconds") for d in details.get(name, [])]
+                if trial_s and all(t is not None for t in trial_s):
+                    shared["trial_s"] = round(sum(trial_s), 3)
+                costs[name] = cost.to_dict(**shared)
+        except BadInput as exc:  # an input missing for some rows (a NaN reference loss) skips it, named
+            for name in members:
                 skipped[name] = f"input unusable: {exc}"
                 per_seed.pop(name, None)
                 thresholds.pop(name, None)
-
-    for name in runnable:
-        if name in _EXPERT_ML:
-            continue
-        cls = registry.detector_class(name)
-        try:
-            with _Cost(trace_memory) as cost:
-                if name == CGMIA:
-                    if use_ray_train:
-                        models = train_cgmia_seeds_on_ray(shadow_table, config, seeds, storage_path=storage_path,
-                                                          threshold_rule=threshold_rule,
-                                                          threshold_folds=threshold_folds)
-                    else:
-                        shadow_arrays = arrays_from_table(shadow_table)
-                        models = [fit_thresholded(shadow_arrays, config, seed, threshold_rule, threshold_folds,
-                                                  progress=progress) for seed in seeds]
-                    record(name, [CGMIAEntry.wrap(m) for m in models], lambda d: d.seed)
-                elif cls.spec.learns:
-                    record(name, cls.fit_seeds(shadow_table, seeds, params.get(name), storage_path=storage_path),
-                           lambda d: d.seed)
-                else:
-                    det = cls(**params.get(name, {})).fit(shadow_table, BASELINE_SEED)
-                    record(name, [det], lambda d: BASELINE_SEED)
-            costs[name] = cost.to_dict()
-        except BadInput as exc:  # an input missing for some rows (a NaN reference loss) skips it, named
-            skipped[name] = f"input unusable: {exc}"
-            per_seed.pop(name, None)
-            thresholds.pop(name, None)
-            details.pop(name, None)
+                details.pop(name, None)
 
     # the scores of detectors that were then skipped never reach the table
     parts = [p for p in parts if p.column(S.DETECTOR)[0].as_py() in per_seed] if parts else parts
