@@ -184,10 +184,10 @@ class Detector:
     def fit_group(cls, names: list[str], shadow: pa.Table, seeds: Iterable[int],
                   params: Mapping[str, Mapping[str, Any]], context: FitContext | None = None) -> dict[str, list]:
         """Several detectors of one ``group`` fitted together ({name: [detector per seed]}), when
-        one run serves them all (one grid search over several models); by default one by one."""
-        from leakray.detect.registry import detector_class
-
-        return {n: detector_class(n).fit_seeds(shadow, seeds, params.get(n), context) for n in names}
+        one run serves them all (one grid search over several models); without a group, itself."""
+        if list(names) != [cls.spec.name]:
+            raise ValueError(f"{cls.spec.name} has no group to fit {names} with")
+        return {cls.spec.name: cls.fit_seeds(shadow, seeds, params.get(cls.spec.name), context)}
 
     def score(self, table: pa.Table) -> np.ndarray:
         raise NotImplementedError
