@@ -217,6 +217,7 @@ class DetectConfig(Section):
     detectors: Literal["all"] | list[str] = "all"
     params: dict[str, dict[str, Any]] = Field(default_factory=dict)  # per-detector settings, e.g. min_k.k
     trace_memory: bool = True  # per-detector peak memory in the report (tracemalloc: slower)
+    parallel: bool = True  # detectors that fit in-process run side by side as Ray tasks (one CPU each)
     expert_ablation: bool = False  # CGMIA on all 16 subsets of the expert blocks (paper RQ2)
     advprompt_ablation: bool = True  # AdvPrompt without each kind / each feature (its RQ2), seed 0
     cgmia: dict[str, Any] = Field(default_factory=dict)  # CGMIAConfig overrides (epochs, lr, ...)

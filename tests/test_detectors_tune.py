@@ -143,3 +143,29 @@ def test_expert_ablation_covers_all_sixteen_subsets():
     assert len(out) == 16 and out[-1]["label"] == "none (semantic only)"
     assert [o["label"] for o in out if o["without_pass_only"]] == ["perplexity+codebleu+edit_distance"]
     assert all(0 <= o["median"]["auc"] <= 1 for o in out)
+
+
+def test_detectors_side_by_side_as_ray_tasks_give_the_sequential_result(ray_local, tmp_path, monkeypatch):
+    # a plug-in too: Ray's workers were started without $LEAKRAY_DETECTORS; the tasks get it
+    from pathlib import Path
+
+    from leakray.detect import registry
+    from leakray.protocols.detectors import evaluate_detectors
+
+    monkeypatch.setenv(registry.PLUGINS_ENV, f"toy={Path(__file__).parent / 'plugins' / 'toy_detector.py'}:Toy")
+    registry.detector_class.cache_clear()
+    shadow = rich_collection(n=80, seed=1, signal=0.5)
+    target = rich_collection(n=60, seed=2, prefix="u", signal=0.5)
+    names = ["min_k", "gt_match", "toy", "gotcha", "codemi"]
+    kw = dict(seeds=[0, 1], detectors=names, bootstrap=50, trace_memory=False)
+    try:
+        side = evaluate_detectors(shadow, target, parallel=True, save_dir=tmp_path / "side", **kw)
+        seq = evaluate_detectors(shadow, target, parallel=False, **kw)
+    finally:
+        registry.detector_class.cache_clear()
+    assert list(side["per_seed"]) == list(seq["per_seed"]) == names  # report order kept
+    for name in names:
+        assert [m["auc"] for m in side["per_seed"][name]] == [m["auc"] for m in seq["per_seed"][name]], name
+        assert side["thresholds"][name] == seq["thresholds"][name]
+    assert side["scores"].equals(seq["scores"])
+    assert (tmp_path / "side" / "toy" / "detector.json").exists()  # saved on the driver

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -71,6 +72,20 @@ def _plugins() -> dict[str, str]:
     return out
 
 
+def plugins_env() -> dict[str, str]:
+    """$LEAKRAY_DETECTORS with file paths made absolute, for workers that run elsewhere (a Ray
+    task's working directory is not the driver's); {} without plug-ins."""
+    plugins = _plugins()
+    if not plugins:
+        return {}
+
+    def absolute(target: str) -> str:
+        module, _, cls = target.rpartition(":")
+        return f"{Path(module).resolve()}:{cls}" if module.endswith(".py") else target
+
+    return {PLUGINS_ENV: ",".join(f"{n}={absolute(t)}" for n, t in plugins.items())}
+
+
 def _entries() -> dict[str, str]:
     return {**_ENTRIES, **_plugins()}
 
@@ -88,6 +103,7 @@ def _import(target: str):
         if spec is None or not path.exists():
             raise BadInput(f"${PLUGINS_ENV}: no such file", path=str(path))
         mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod  # its detectors pickle by module name (Ray tasks, returned results)
         spec.loader.exec_module(mod)
         return getattr(mod, cls)
     return getattr(importlib.import_module(module if "." in module else f"leakray.detect.{module}"), cls)

@@ -49,6 +49,20 @@ def run_task(fn, *args, engine: str = "local", num_gpus: float = 0, num_cpus: fl
     return ray.get(ray.remote(num_gpus=num_gpus, num_cpus=num_cpus)(fn).remote(*args))
 
 
+def map_tasks(fn, items: list, *shared, engine: str = "local", num_cpus: float = 1, env: dict | None = None) -> list:
+    """``[fn(item, *shared) for item in items]``, here, or as one Ray task per item running side
+    by side (the shared arguments go through the object store once). ``env``: variables the
+    tasks need that a cluster's workers were not started with (plug-in detectors)."""
+    if engine == "local" or not items:
+        return [fn(item, *shared) for item in items]
+    import ray
+
+    refs = [ray.put(x) for x in shared]
+    opts = {"num_cpus": num_cpus, **({"runtime_env": {"env_vars": env}} if env else {})}
+    task = ray.remote(**opts)(fn)
+    return ray.get([task.remote(item, *refs) for item in items])
+
+
 def _link_session_logs(log_dir: Path) -> None:
     """`<run>/logs/ray` -> this Ray session's log directory (workers' stdout/stderr live there)."""
     try:

@@ -38,7 +38,7 @@ def build_card(shadow: pa.Table, cfg, out: Path, *, storage: Path, meta: dict) -
     result = evaluate_detectors(fit, val, d.cgmia_config(), d.seeds, use_ray_train=d.use_ray_train,
                                 storage_path=storage, save_dir=out / DETECTORS_DIR, threshold_rule=d.threshold_rule,
                                 bootstrap=d.bootstrap, detectors=learned_detectors(cfg), detector_params=d.params,
-                                trace_memory=d.trace_memory)
+                                trace_memory=d.trace_memory, parallel=d.parallel)
     scores = result["scores"].to_pandas()
     calibration, quality, cuts = {}, {}, {}
     for name in result["median"]:

@@ -110,6 +110,38 @@ class _Cost:
                 "maxrss_delta_mb": round(self.maxrss_delta_mb, 2), **extra}
 
 
+def fit_and_score(members: list[str], shadow: pa.Table, target: pa.Table, seeds: list[int],
+                  params: Mapping[str, Mapping[str, Any]], context, trace_memory: bool, boot: dict) -> dict:
+    """One group of detectors (one detector, or those fitted by one shared run): fit on the
+    shadow, thresholds on shadow rows, target scores and metrics. Runs here or as a Ray task;
+    {"members", "rows": {name: [per seed {"detector", "threshold", "score", "prediction",
+    "metrics"}]}, "cost"}, or {"members", "skipped": why}: all seeds or none."""
+    from leakray.detect import registry
+
+    cls = registry.detector_class(members[0])
+    y = _labels(target, "target")
+    try:
+        with _Cost(trace_memory) as cost:
+            if not cls.spec.learns:
+                fitted = {members[0]: [cls(**params.get(members[0], {})).fit(shadow, BASELINE_SEED)]}
+            elif cls.group:
+                fitted = cls.fit_group(members, shadow, seeds, params, context)
+            else:
+                fitted = {members[0]: cls.fit_seeds(shadow, seeds, params.get(members[0]), context)}
+            rows: dict[str, list[dict]] = {}
+            for name in members:
+                rows[name] = []
+                for det in fitted[name]:
+                    th = det.threshold(shadow, context.threshold_rule)
+                    score = det.score(target)
+                    pred = apply_threshold(score, th["value"])
+                    rows[name].append({"detector": det, "threshold": th, "score": score, "prediction": pred,
+                                       "metrics": binary_metrics(y, score, pred, **boot)})
+    except BadInput as exc:
+        return {"members": members, "skipped": f"input unusable: {exc}"}
+    return {"members": members, "rows": rows, "cost": cost.to_dict()}
+
+
 def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: CGMIAConfig | None = None,
                        seeds: Iterable[int] = (0, 1, 2, 3, 4), *, detectors: str | Iterable[str] = DEFAULT_DETECTORS,
                        detector_params: Mapping[str, Mapping[str, Any]] | None = None,
@@ -118,7 +150,7 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
                        save_dir: str | os.PathLike | None = None, threshold_rule: str = DEFAULT_RULE,
                        threshold_folds: int = CROSS_FIT_FOLDS, bootstrap: int = N_BOOTSTRAP,
                        bootstrap_seed: int = BOOTSTRAP_SEED, trace_memory: bool = True,
-                       expert_ablation: bool = False) -> dict[str, Any]:
+                       expert_ablation: bool = False, parallel: bool = False) -> dict[str, Any]:
     """Fit every requested detector on the shadow collection, score the target, compare.
 
     ``detectors``: registry names (``leakray.detect.registry``) or ``"all"``. A detector
@@ -135,7 +167,8 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
     ``bootstrap_seed`` (the same resamples for every detector and seed). With
     ``use_ray_train`` CGMIA's seeds train in one Ray Train run (Ray must be initialised);
     the classic models (lr, rf, svm, nb, dt, mlp) are grid-searched in one Ray Tune run
-    (Ray is started if it is not running).
+    (Ray is started if it is not running). With ``parallel`` the detectors that fit in-process
+    run side by side as Ray tasks, one CPU each (results identical: each detector seeds itself).
 
     Returns ``{"per_seed": {detector: [metrics, ...]}, "median": {detector:
     median_over_repeats}, "thresholds": {detector: {"rule", "chosen_on", "values": [per
@@ -149,8 +182,8 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
     share a (benchmark, task_id) unless ``allow_task_overlap``.
     """
     from leakray.detect import registry
-    from leakray.detect.base import missing_input
-    from leakray.detect.base import FitContext
+    from leakray.detect.base import FitContext, missing_input
+    from leakray.executor.runtime import map_tasks
 
     config = config or CGMIAConfig()
     seeds = [int(s) for s in seeds]
@@ -178,30 +211,6 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
     details: dict[str, list] = {}
     parts: list[pa.Table] = []
 
-    def add_scores(name: str, seed: int, score: np.ndarray, pred: np.ndarray) -> None:
-        parts.append(pa.table({
-            S.TASK_ID: task_ids, S.DETECTOR: [name] * len(task_ids),
-            S.SEED: np.full(len(task_ids), seed, np.int64), S.SCORE: np.asarray(score, np.float64),
-            S.PREDICTION: np.asarray(pred, np.int8), S.MEMBER: y,
-        }, schema=SCORES_SCHEMA))
-
-    def record(name: str, dets: list, seed_of) -> None:
-        """Threshold on shadow, score the target, keep metrics; all seeds or none."""
-        rows = []
-        for det in dets:
-            th = det.threshold(shadow_table, threshold_rule)
-            score = det.score(target_table)
-            rows.append((seed_of(det), det, th, score, apply_threshold(score, th["value"])))
-        per_seed[name] = []
-        for seed, det, th, score, pred in rows:
-            per_seed[name].append({**binary_metrics(y, score, pred, **boot), "threshold": th})
-            entry = thresholds.setdefault(name, {"rule": th["rule"], "chosen_on": th["chosen_on"], "values": []})
-            entry["values"].append(th["value"])
-            add_scores(name, seed, score, pred)
-            if save_dir is not None:
-                det.save(Path(save_dir) / (f"{name}-seed{seed}" if seed != BASELINE_SEED else name))
-        details[name] = [det.info for _, det, *_ in rows]
-
     runnable = []
     for name in names:
         spec = registry.spec(name)
@@ -224,33 +233,39 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
     for name in runnable:
         groups.setdefault(registry.detector_class(name).group or name, []).append(name)
 
-    for members in groups.values():
-        cls = registry.detector_class(members[0])
-        try:
-            with _Cost(trace_memory) as cost:
-                if not cls.spec.learns:
-                    det = cls(**params.get(members[0], {})).fit(shadow_table, BASELINE_SEED)
-                    record(members[0], [det], lambda d: BASELINE_SEED)
-                else:
-                    fitted = cls.fit_group(members, shadow_table, seeds, params, context) if cls.group else \
-                        {members[0]: cls.fit_seeds(shadow_table, seeds, params.get(members[0]), context)}
-                    for name in members:
-                        record(name, fitted[name], lambda d: d.seed)
-            for name in members:  # a shared run's wall time is each member's, marked so
-                shared = {"shared_run": members} if len(members) > 1 else {}
-                trial_s = [d.get("trial_seconds") for d in details.get(name, [])]
-                if trial_s and all(t is not None for t in trial_s):
-                    shared["trial_s"] = round(sum(trial_s), 3)
-                costs[name] = cost.to_dict(**shared)
-        except BadInput as exc:  # an input missing for some rows (a NaN reference loss) skips it, named
-            for name in members:
-                skipped[name] = f"input unusable: {exc}"
-                per_seed.pop(name, None)
-                thresholds.pop(name, None)
-                details.pop(name, None)
+    # groups whose fit runs in this process (none, local) can run side by side as Ray tasks; the
+    # ones that start their own Ray Train or Tune run are started from here
+    jobs = list(groups.values())
+    spread = [m for m in jobs if parallel and registry.spec(m[0]).fit in ("none", "local")]
+    outcomes = map_tasks(fit_and_score, spread, shadow_table, target_table, seeds, params, context, trace_memory,
+                         boot, engine="ray" if spread else "local", env=registry.plugins_env())
+    outcomes += [fit_and_score(m, shadow_table, target_table, seeds, params, context, trace_memory, boot)
+                 for m in jobs if m not in spread]
+    for out in sorted(outcomes, key=lambda o: runnable.index(o["members"][0])):  # report order
+        members = out["members"]
+        if "skipped" in out:  # an input missing for some rows (a NaN reference loss) skips it, named
+            skipped.update({name: out["skipped"] for name in members})
+            continue
+        for name in members:
+            rows = out["rows"][name]
+            per_seed[name] = [{**r["metrics"], "threshold": r["threshold"]} for r in rows]
+            thresholds[name] = {"rule": rows[0]["threshold"]["rule"], "chosen_on": rows[0]["threshold"]["chosen_on"],
+                                "values": [r["threshold"]["value"] for r in rows]}
+            details[name] = [r["detector"].info for r in rows]
+            for r in rows:
+                seed = r["detector"].seed
+                parts.append(pa.table({
+                    S.TASK_ID: task_ids, S.DETECTOR: [name] * len(task_ids),
+                    S.SEED: np.full(len(task_ids), seed, np.int64), S.SCORE: np.asarray(r["score"], np.float64),
+                    S.PREDICTION: np.asarray(r["prediction"], np.int8), S.MEMBER: y}, schema=SCORES_SCHEMA))
+                if save_dir is not None:
+                    r["detector"].save(Path(save_dir) / (f"{name}-seed{seed}" if seed != BASELINE_SEED else name))
+            shared = {"shared_run": members} if len(members) > 1 else {}  # a shared run's time is each member's
+            trial_s = [d.get("trial_seconds") for d in details[name]]
+            if trial_s and all(t is not None for t in trial_s):
+                shared["trial_s"] = round(sum(trial_s), 3)
+            costs[name] = {**out["cost"], **shared}
 
-    # the scores of detectors that were then skipped never reach the table
-    parts = [p for p in parts if p.column(S.DETECTOR)[0].as_py() in per_seed] if parts else parts
     result = {
         "per_seed": per_seed,
         "median": {name: median_over_repeats(ms) for name, ms in per_seed.items()},

@@ -206,6 +206,7 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
                                     save_dir=out, threshold_rule=cfg.detect.threshold_rule,
                                     bootstrap=cfg.detect.bootstrap, detectors=learned_detectors(cfg),
                                     detector_params=cfg.detect.params, trace_memory=cfg.detect.trace_memory,
+                                    parallel=cfg.detect.parallel,
                                     expert_ablation=cfg.detect.expert_ablation)
         if collection.wants_advprompt(cfg) and (cfg.detect.detectors == "all" or "advprompt" in cfg.detect.detectors):
             merge_results(result, lambda: evaluate_advprompt(
