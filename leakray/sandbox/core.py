@@ -330,6 +330,8 @@ def _killpg(pid: int) -> None:
 
 def _kill_uid(uid: int) -> None:
     """kill(-1) as the run's uid reaches exactly the processes that uid owns."""
+    # zygote_py._kill_uid is its twin on purpose: that file runs inside the sandbox on the
+    # stdlib alone (`python -I`), so it cannot import this module.
     pid = os.fork()
     if pid == 0:
         try:
