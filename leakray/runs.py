@@ -134,6 +134,7 @@ class StageRunner:
         """``store``: the run's `storage.RunStore` when it is mirrored to a URI (pushed after each stage)."""
         self.run_dir, self.console, self.store = Path(run_dir), console, store
         self.info: dict[str, dict] = {}
+        self.ran: list[str] = []  # the stages this invocation ran (the others were already done)
 
     def dir(self, name: str) -> Path:
         return self.run_dir / name
@@ -152,6 +153,7 @@ class StageRunner:
             kill_point(stage)
             stats = {**STAT_DEFAULTS, **(spec.run(stage.dir) or {})}
             stage.finish(**stats)
+            self.ran.append(spec.name)
             if self.store is not None:
                 self.store.push()
         info = stage.info()

@@ -137,3 +137,16 @@ def test_submitted_jobs_write_outside_rays_temporary_working_dir(tmp_path, monke
     monkeypatch.setenv("LEAKRAY_HOME", str(tmp_path / "home"))
     assert output_root("runs") == tmp_path / "home" / "runs"
     assert output_root(tmp_path / "abs") == tmp_path / "abs"
+
+
+def test_a_run_ends_with_its_total_and_its_slowest_stages(tmp_path):
+    from leakray.protocols.simulate import time_line
+
+    runner = StageRunner(tmp_path, _Quiet())
+    runner.run([StageSpec("a", lambda out: {})])
+    runner = StageRunner(tmp_path, _Quiet())  # resumed: "a" is done, "b" and "c" run now
+    runner.run([StageSpec(n, lambda out: {}) for n in ("a", "b", "c")])
+    assert runner.ran == ["b", "c"]
+    info = {"b": {"seconds": 3.0}, "c": {"seconds": 40.0}, "d": {"seconds": 7.0}, "e": {"seconds": 1.0}}
+    assert time_line(info, 61.2) == "total 61 s; slowest: c 40 s, d 7 s, b 3 s"
+    assert time_line({}, 2.0) == "total 2 s (every stage was already done)"

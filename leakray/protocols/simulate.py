@@ -327,7 +327,16 @@ def run_one(cfg: SimulateConfig, console: Console) -> Path:
         console.say(f"{name:<15} AUC {_num(m.get('auc'))}  MCC {_num(m.get('mcc'))}  "
                     f"TPR@5%FPR {_num(m.get('tpr_at_5fpr'))}")
     console.say(f"report: {store.location}/report.md")
+    console.say(time_line({n: runner.info[n] for n in runner.ran}, time.perf_counter() - t_start))
     return run_dir
+
+
+def time_line(ran_now: dict[str, dict], total_s: float, top: int = 3) -> str:
+    """Where this invocation's time went: its total and the slowest stages it ran (a resumed
+    stage cost nothing now and is left out)."""
+    ran = sorted(((i.get("seconds") or 0.0, name) for name, i in ran_now.items()), reverse=True)
+    slow = ", ".join(f"{name} {s:.0f} s" for s, name in ran[:top])
+    return f"total {total_s:.0f} s" + (f"; slowest: {slow}" if slow else " (every stage was already done)")
 
 
 def _num(v) -> str:
