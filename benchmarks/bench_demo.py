@@ -6,6 +6,11 @@ detector seed list) must reuse the cached base model. Prints both runs' stage ti
 side by side and the ratio of their totals.
 
     python benchmarks/bench_demo.py [--quick] [--keep DIR] [--set key=value ...]
+    python benchmarks/bench_demo.py --fresh [--keep DIR]
+
+``--fresh`` measures what a new user waits for: a fresh clone of this repository's HEAD, a new
+HOME and model cache, then the README's command (`bash scripts/demo.sh`, install included),
+timed as a whole; then the stage timings from its report.
 """
 
 from __future__ import annotations
@@ -30,13 +35,38 @@ def run_demo(out: Path, cache: Path, extra: list[str]) -> tuple[dict, float]:
     return json.loads(newest.read_text()), wall
 
 
+def fresh(root: Path) -> None:
+    repo = Path(__file__).resolve().parents[1]
+    clone, home = root / "clone", root / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "LEAKRAY", "PYTHONPATH"))}
+    env.update(HOME=str(home), LEAKRAY_CACHE=str(home / ".cache" / "leakray"),
+               PATH=":".join(p for p in env.get("PATH", "").split(":") if ".venv" not in p))
+    t0 = time.perf_counter()
+    subprocess.run(["bash", "scripts/demo.sh"], cwd=clone, env=env, check=True)
+    wall = time.perf_counter() - t0
+    (report,) = (clone / "runs").glob("*/report.json")
+    r = json.loads(report.read_text())
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=clone, capture_output=True, text=True)
+    print(f"\nfresh clone {clone} (HEAD {head.stdout.strip()}): `bash scripts/demo.sh` took {wall:.0f} s")
+    for stage, seconds in r["timings_s"].items():
+        print(f"  {stage:<24}{seconds or 0:>8.1f} s")
+    for name in ("cgmia", "advprompt", "ref_loss", "gt_match"):
+        d = r["detectors"].get(name) or {}
+        print(f"  {name:<16} AUC {d.get('auc')} {d.get('auc_ci')}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--fresh", action="store_true", help="fresh clone, new HOME and cache, the README's command")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--keep", help="directory for runs and cache (default: a temporary one)")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     args = ap.parse_args()
     root = Path(args.keep or tempfile.mkdtemp(prefix="leakray-bench-"))
+    if args.fresh:
+        return fresh(root)
     extra = (["--quick"] if args.quick else []) + [x for o in args.overrides for x in ("--set", o)]
     first, wall1 = run_demo(root / "runs", root / "cache", extra)
     second, wall2 = run_demo(root / "runs", root / "cache", extra + ["--set", "detect.seeds=[0,1,2,3,4,5]"])
