@@ -50,8 +50,19 @@ def slot_name(kind: str, index: int) -> str:
     return f"{kind}{index + 1}"
 
 
+class _Slotted:
+    """What a Variant and a NotApplicable share: they stand for one slot (kind, index) of a task."""
+
+    kind: str
+    index: int
+
+    @property
+    def slot(self) -> str:
+        return slot_name(self.kind, self.index)
+
+
 @dataclass(frozen=True)
-class Variant:
+class Variant(_Slotted):
     """A perturbed prompt. ``rename`` (old, new) pairs are applied to the reference too."""
 
     kind: str
@@ -61,10 +72,6 @@ class Variant:
     prompt: str
     rename: tuple[tuple[str, str], ...] = ()
     detail: str = ""
-
-    @property
-    def slot(self) -> str:
-        return slot_name(self.kind, self.index)
 
     @property
     def applicable(self) -> bool:
@@ -85,15 +92,11 @@ class Variant:
 
 
 @dataclass(frozen=True)
-class NotApplicable:
+class NotApplicable(_Slotted):
     kind: str
     index: int
     language: str
     reason: str
-
-    @property
-    def slot(self) -> str:
-        return slot_name(self.kind, self.index)
 
     @property
     def applicable(self) -> bool:
