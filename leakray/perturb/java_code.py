@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import json
 
-from leakray.data.tasks import generation_prompt
-from leakray.perturb.program import Analysis, Copyable, Decl, Function, Site, indent_unit, leading_ws, words
+from leakray.perturb.program import (Analysis, Copyable, Decl, Function, Site, indent_unit, leading_ws, new_analysis,
+                                     words)
 
 LANGUAGE = "java"
 KEYWORDS = frozenset("""abstract assert boolean break byte case catch char class const continue default do double else
@@ -99,22 +99,16 @@ def _test_names(tests: str | None) -> set[str]:
 
 
 def analyse(prompt: str, following: str | None, tests: str | None, entry_point: str | None) -> Analysis | str:
-    gp = generation_prompt(prompt)
-    tail = prompt[len(gp):]
-    if following is None:
-        following = _probe(gp)
-        if following is None:
-            return "prompt does not parse as Java (closing its braces does not complete it)"
-    code = gp + following
+    a = new_analysis(LANGUAGE, prompt, following, _probe, parses)
+    if a is None:
+        return "prompt does not parse as Java (closing its braces does not complete it)"
+    code = a.gen_prompt + a.following
     root = parser().parse(code.encode("utf8")).root_node
     if root.has_error:
         return "prompt + continuation does not parse as Java"
-    n_lines = gp.count("\n") + 1
-    gp_bytes = len(gp.encode("utf8"))
+    n_lines, end_ok = a.prompt_lines, a.end_ok
+    gp_bytes = len(a.gen_prompt.encode("utf8"))
     rows = code.split("\n")
-    end_ok = following.lstrip(" \t").startswith("\n") or not following.strip()
-
-    a = Analysis(LANGUAGE, gp, tail, following, unit="    ", parses=parses)
     pairs: list[tuple[str, str]] = []
     methods = [n for n in _walk(root) if n.type == "method_declaration" and n.child_by_field_name("body")]
     for scope, method in enumerate(methods):
@@ -247,6 +241,8 @@ def rename_edits(code: str, mapping: dict[str, str]) -> list[tuple[int, int, str
     return edits
 
 
+# python_code.Dialect's twin on purpose: the same methods, which the kinds (perturb.core) call,
+# each spelling its statement in its own language; alike in shape, they share no text.
 class Dialect:
     def __init__(self, unit: str):
         self.unit = unit

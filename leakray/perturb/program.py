@@ -66,6 +66,17 @@ class Analysis:
     taken: set[str] = field(default_factory=set)  # every word of prompt, reference and tests
     parses: Callable[[str], bool] | None = None  # does this program text still parse?
 
+    @property
+    def prompt_lines(self) -> int:
+        """Lines of the generation prompt; a site past them would insert into the continuation."""
+        return self.gen_prompt.count("\n") + 1
+
+    @property
+    def end_ok(self) -> bool:
+        """Whether a statement may go after the prompt's last line: only when the continuation
+        starts a new line (or is empty)."""
+        return self.following.lstrip(" \t").startswith("\n") or not self.following.strip()
+
     def insert(self, site: Site, lines: list[str]) -> str:
         """The prompt with ``lines`` (relative indentation in ``unit`` steps already applied)
         inserted at ``site``, at the body's indentation."""
@@ -88,6 +99,21 @@ class Analysis:
                 reserved.add(name)
                 return name
         raise RuntimeError(f"no fresh name on {base!r}")  # unreachable with finite prompts
+
+
+def new_analysis(language: str, prompt: str, following: str | None, probe: Callable[[str], str | None],
+                 parses: Callable[[str], bool]) -> Analysis | None:
+    """An Analysis of ``prompt`` with nothing found yet: its generation prompt, the trailing
+    whitespace every variant keeps, and what follows when checking -- the reference
+    continuation, or without one ``probe(generation prompt)``; None when the probe finds none."""
+    from leakray.data.tasks import generation_prompt
+
+    gp = generation_prompt(prompt)
+    if following is None:
+        following = probe(gp)
+        if following is None:
+            return None
+    return Analysis(language, gp, prompt[len(gp):], following, unit="    ", parses=parses)
 
 
 def words(*texts: str | None) -> set[str]:

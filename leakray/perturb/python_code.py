@@ -10,8 +10,8 @@ import io
 import keyword
 import tokenize
 
-from leakray.data.tasks import generation_prompt
-from leakray.perturb.program import Analysis, Copyable, Decl, Function, Site, indent_unit, leading_ws, words
+from leakray.perturb.program import (Analysis, Copyable, Decl, Function, Site, indent_unit, leading_ws, new_analysis,
+                                     words)
 
 LANGUAGE = "python"
 _BUILTINS = frozenset(dir(builtins))
@@ -73,23 +73,16 @@ def _test_names(tests: str | None) -> tuple[set[str], set[str]]:
 
 def analyse(prompt: str, following: str | None, tests: str | None, entry_point: str | None) -> Analysis | str:
     """The prompt's sites, declarations, copyable statements and renamable names, or why not."""
-    gp = generation_prompt(prompt)
-    tail = prompt[len(gp):]
-    if following is None:
-        following = _probe(gp)
-        if following is None:
-            return "prompt does not parse as Python (no continuation makes it complete)"
-    code = gp + following
+    a = new_analysis(LANGUAGE, prompt, following, _probe, parses)
+    if a is None:
+        return "prompt does not parse as Python (no continuation makes it complete)"
+    code = a.gen_prompt + a.following
     try:
         tree = ast.parse(code)
     except (SyntaxError, ValueError) as exc:
         return f"prompt + continuation does not parse as Python: {getattr(exc, 'msg', exc)}"
-    n_lines = gp.count("\n") + 1
+    n_lines, end_ok = a.prompt_lines, a.end_ok
     rows = code.split("\n")
-    # an insertion after the prompt's last line needs the continuation to start a new line
-    end_ok = following.lstrip(" \t").startswith("\n") or not following.strip()
-
-    a = Analysis(LANGUAGE, gp, tail, following, unit="    ", parses=parses)
     pairs: list[tuple[str, str]] = []
     bodies = [(tree.body, None)] + [(n.body, n) for n in ast.walk(tree) if isinstance(n, _FUNCS)]
     for scope, (stmts, func) in enumerate(bodies):
@@ -235,6 +228,8 @@ def rename_edits(code: str, mapping: dict[str, str]) -> list[tuple[int, int, str
 
 
 # ---- how the kinds spell their statements in Python ------------------------------------------
+# java_code.Dialect is its twin on purpose: the same methods, which the kinds (perturb.core) call,
+# each spelling its statement in its own language; alike in shape, they share no text.
 class Dialect:
     unit = "    "
 
