@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from leakray.commands import add_command
+
 DEFAULT_METRICS = "auc,tpr_at_5fpr,tpr_at_1fpr,mcc,precision,recall"  # = leakray.report.compare.METRICS
 
 
@@ -41,7 +43,5 @@ def run(args) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("compare", help="paper-style tables and statistics over many benchmarks' runs",
-                              description=__doc__.splitlines()[0])
-    add_arguments(p)
-    p.set_defaults(func=run)
+    add_command(subparsers, "compare", "paper-style tables and statistics over many benchmarks' runs", __doc__,
+                add_arguments, run)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from leakray.commands import add_command
+
 
 def _bench(spec: str) -> tuple[str, str]:
     name, sep, path = spec.partition("=")
@@ -50,9 +52,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-shingles", type=int, default=8,
                    help="sample parts with fewer shingles are too generic to screen (default 8)")
     p.add_argument("--min-rare-shingles", type=int, default=4,
-                   help="a pair shares at least this many shingles holding an uncommon token (default 4)")
+                   help="a pair shares at least this many shingles holding an uncommon token (tests of numbers: "
+                        "this many of their token runs) (default 4)")
     p.add_argument("--span-tokens", type=int, default=8,
-                   help="aligned verification of a containment hit: runs of at least this many tokens (default 8)")
+                   help="aligned verification of a containment hit: runs of at least this many tokens; tests "
+                        "of numbers are matched on runs of twice this many (default 8)")
     p.add_argument("--span-coverage", type=float, default=0.5,
                    help="... must cover this share of the sample's tokens (default 0.5; 0 turns it off)")
     p.add_argument("--max-file-bytes", type=int, default=2 << 20,
@@ -93,10 +97,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("screen", help="near-duplicate screening of benchmarks against a corpus",
-                              description=__doc__.splitlines()[0])
-    add_arguments(p)
-    p.set_defaults(func=run)
+    add_command(subparsers, "screen", "near-duplicate screening of benchmarks against a corpus", __doc__,
+                add_arguments, run)
 
 
 def main(argv: list[str] | None = None) -> int:
