@@ -22,17 +22,14 @@ def register(sub) -> None:
 
 
 def _requests(path: str, errors: list):
+    from leakray.data.io import jsonl_values
     from leakray.schema import X
 
     seen: set[str] = set()
     with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                req = json.loads(line)
-            except json.JSONDecodeError as exc:
-                errors.append((f"line:{lineno}", f"{path}, line {lineno}: not valid JSON ({exc.msg})"))
+        for lineno, req, bad in jsonl_values(fh):
+            if bad is not None:
+                errors.append((f"line:{lineno}", f"{path}, line {lineno}: not valid JSON ({bad.msg})"))
                 continue
             rid = req.get(X.ID) if isinstance(req, dict) else None
             if not isinstance(rid, str) or not rid:

@@ -4,14 +4,29 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from leakray.errors import BadInput
 
 
 def _open_text(path: Path):
     return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
+
+
+def jsonl_values(lines: Iterable[str]) -> Iterator[tuple[int, Any, json.JSONDecodeError | None]]:
+    """(1-based line number, value, None) for each non-blank JSONL line, or (line number, None,
+    the error) for one that is not valid JSON: the caller decides whether that ends the file."""
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            yield lineno, None, exc
+            continue
+        yield lineno, value, None
 
 
 def iter_records(path: str | Path) -> Iterator[tuple[int, dict]]:
@@ -25,13 +40,9 @@ def iter_records(path: str | Path) -> Iterator[tuple[int, dict]]:
     name = path.name.lower()
     if name.endswith((".jsonl", ".jsonl.gz")):
         with _open_text(path) as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise BadInput(f"not valid JSON ({exc.msg})", path=str(path), row=lineno) from exc
+            for lineno, rec, bad in jsonl_values(fh):
+                if bad is not None:
+                    raise BadInput(f"not valid JSON ({bad.msg})", path=str(path), row=lineno) from bad
                 if not isinstance(rec, dict):
                     raise BadInput("a JSON object is expected", path=str(path), row=lineno)
                 yield lineno, rec
