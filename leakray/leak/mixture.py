@@ -17,6 +17,9 @@ import numpy as np
 from leakray.errors import BadInput
 
 
+# models.finetune.FinetuneConfig's twin in shape only: continued pre-training counts steps over a
+# token stream cut into seq_len sequences, a fine-tune counts epochs over whole solutions; each is
+# its own config section (leak, finetune) with its own defaults, so they are kept apart.
 @dataclass
 class MixConfig:
     dose: int = 4  # copies of each member in the stream

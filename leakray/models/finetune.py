@@ -24,6 +24,9 @@ _LORA_TARGETS = {
 ADAPTER_DIR = "adapter"  # a LoRA fine-tune's peft adapter, inside the merged model's directory
 
 
+# leak.mixture.MixConfig's twin in shape only: a fine-tune counts epochs over whole solutions,
+# continued pre-training counts steps over a token stream; each is its own config section
+# (finetune, leak) with its own defaults, so they are kept apart.
 @dataclass
 class FinetuneConfig:
     method: str = "full"  # "full" | "lora"
