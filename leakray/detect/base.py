@@ -244,17 +244,27 @@ class ScoreOnly(Detector):
     """A detector with no training: ``fit`` only records the seed."""
 
 
-class HeldoutLearned(Detector):
+class KeepsHeldout(Detector):
+    """A detector whose ``fit`` keeps the held-out (labels, scores, where) its threshold is
+    chosen on, in ``self._heldout``; before a fit there is none to choose on."""
+
+    def __init__(self, **params: Any):
+        super().__init__(**params)
+        self._heldout: tuple[np.ndarray, np.ndarray, str] | None = None
+
+    def heldout(self, shadow: pa.Table) -> tuple[np.ndarray, np.ndarray, str]:
+        if self._heldout is None:
+            raise BadInput(f"{self.spec.name}: fit the detector before choosing its threshold")
+        return self._heldout
+
+
+class HeldoutLearned(KeepsHeldout):
     """A detector trained on one split of the shadow's tasks; the other ``val_share`` of the
     tasks (stratified, seeded) supplies the scores its threshold is chosen on (and, for the
     neural ones, the epoch to keep). Subclasses implement ``_train(shadow, train_idx, val_idx)``
     and ``score``."""
 
     defaults: ClassVar[Mapping[str, Any]] = {"val_share": 0.4}
-
-    def __init__(self, **params: Any):
-        super().__init__(**params)
-        self._heldout: tuple[np.ndarray, np.ndarray, str] | None = None
 
     def fit(self, shadow: pa.Table, seed: int = 0) -> "HeldoutLearned":
         self.seed = int(seed)
@@ -269,8 +279,3 @@ class HeldoutLearned(Detector):
 
     def _train(self, shadow: pa.Table, train_idx: np.ndarray, val_idx: np.ndarray) -> None:
         raise NotImplementedError
-
-    def heldout(self, shadow: pa.Table) -> tuple[np.ndarray, np.ndarray, str]:
-        if self._heldout is None:
-            raise BadInput(f"{self.spec.name}: fit the detector before choosing its threshold")
-        return self._heldout

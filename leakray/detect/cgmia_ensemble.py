@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from leakray.detect.base import Detector, DetectorSpec, labels
+from leakray.detect.base import DetectorSpec, KeepsHeldout, labels
 from leakray.detect.cgmia import CROSS_FIT_FOLDS, CGMIAConfig, CGMIADetector, arrays_from_table, cross_fit_proba, fit
 from leakray.detect.datafiles import load_array
 from leakray.errors import BadInput
@@ -27,7 +27,7 @@ from leakray.evaluate.thresholds import choose_threshold
 from leakray.schema import C
 
 
-class CGMIAEnsemble(Detector):
+class CGMIAEnsemble(KeepsHeldout):
     spec = DetectorSpec("cgmia_ensemble", "the CGMIA paper, RQ4 (ensemble of shadows)",
                         (C.EXPERT, C.GEN_EMBEDDING, C.REF_EMBEDDING), "logprobs", "composite", True,
                         "MCC-weighted mean of CGMIA members' probabilities (members: seeds of one shadow)")
@@ -41,7 +41,6 @@ class CGMIAEnsemble(Detector):
             raise BadInput("cgmia_ensemble: members must be >= 2", field="detect.params.cgmia_ensemble.members")
         self.models: list[CGMIADetector] = []
         self.weights = np.zeros(0)
-        self._heldout = None
 
     def fit(self, shadow: pa.Table, seed: int = 0) -> "CGMIAEnsemble":
         self.seed = int(seed)
@@ -63,11 +62,6 @@ class CGMIAEnsemble(Detector):
                      "member_seeds": member_seeds, "member_heldout_mcc": [float(m) for m in mccs],
                      "weights": self.weights.tolist()}
         return self
-
-    def heldout(self, shadow: pa.Table):
-        if self._heldout is None:
-            raise BadInput("cgmia_ensemble: fit the detector before choosing its threshold")
-        return self._heldout
 
     def score(self, table: pa.Table) -> np.ndarray:
         if not self.models:

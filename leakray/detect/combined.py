@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from leakray.detect.arrays import list_column
-from leakray.detect.base import Detector, DetectorSpec, labels, missing_input, task_keys
+from leakray.detect.base import DetectorSpec, KeepsHeldout, labels, missing_input, task_keys
 from leakray.detect.datafiles import MODEL_FILE, load_sklearn, save_sklearn
 from leakray.errors import BadInput
 from leakray.schema import C
@@ -130,7 +130,7 @@ _BUILDERS = {
 }
 
 
-class Combined(Detector):
+class Combined(KeepsHeldout):
     spec = DetectorSpec("leakray_combined", "leakray", (C.EXPERT,), "logprobs", "composite", True,
                         "logistic regression over expert + semantic summaries + likelihood + generation scores")
     defaults = {"groups": list(GROUPS), "C": 1.0, "folds": 4}
@@ -145,7 +145,6 @@ class Combined(Detector):
                            f"{self.params['groups']}", field=f"detect.params.{name}.groups")
         self.model = None
         self.used: dict[str, list[str]] = {}
-        self._heldout = None
 
     def features(self, table: pa.Table, used: dict[str, list[str]] | None = None) -> tuple[np.ndarray, dict]:
         """The feature matrix; with ``used`` (from fitting) exactly those inputs, else all available."""
@@ -193,11 +192,6 @@ class Combined(Detector):
                      "groups_missing": [g for g in self.params["groups"] if g not in self.used],
                      "n_features": int(x.shape[1])}
         return self
-
-    def heldout(self, shadow: pa.Table):
-        if self._heldout is None:
-            raise BadInput(f"{self.spec.name}: fit the detector before choosing its threshold")
-        return self._heldout
 
     def score(self, table: pa.Table) -> np.ndarray:
         if self.model is None:

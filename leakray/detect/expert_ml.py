@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from leakray.detect.arrays import list_column
-from leakray.detect.base import Detector, DetectorSpec, FitContext, labels, split_by_task, task_keys
+from leakray.detect.base import DetectorSpec, FitContext, KeepsHeldout, labels, split_by_task, task_keys
 from leakray.detect.datafiles import MODEL_FILE, load_sklearn, save_sklearn
 from leakray.detect.grid import TrialRunner, choose, grid_points, local_trials
 from leakray.errors import BadInput
@@ -129,7 +129,7 @@ def fit_kinds(shadow: pa.Table, kinds: Iterable[str], seeds: Iterable[int],
     return out
 
 
-class ExpertML(Detector):
+class ExpertML(KeepsHeldout):
     """One classic model; subclasses name the kind."""
 
     kind: ClassVar[str]
@@ -139,7 +139,6 @@ class ExpertML(Detector):
     def __init__(self, **params: Any):
         super().__init__(**params)
         self.model = None
-        self._heldout: tuple[np.ndarray, np.ndarray, str] | None = None
 
     def grid(self) -> dict[str, list]:
         return dict(self.params["grid"] or GRIDS[self.kind])
@@ -172,11 +171,6 @@ class ExpertML(Detector):
         det = type(self).fit_seeds(shadow, [seed], self.params)[0]
         self.__dict__.update(det.__dict__)
         return self
-
-    def heldout(self, shadow: pa.Table) -> tuple[np.ndarray, np.ndarray, str]:
-        if self._heldout is None:
-            raise BadInput(f"{self.spec.name}: fit the detector before choosing its threshold")
-        return self._heldout
 
     def score(self, table: pa.Table) -> np.ndarray:
         if self.model is None:
