@@ -202,6 +202,7 @@ def bench_readers(index, ids, docs) -> None:
 def bench_planted(seed: int) -> None:
     """Recall per leak form and false pairs on the planted corpus the tests build."""
     import tempfile
+    from collections import Counter
 
     import pyarrow.parquet as pq
 
@@ -209,23 +210,28 @@ def bench_planted(seed: int) -> None:
     import screen_corpus as SC
 
     from leakray.data.registry import load_benchmark_file
-    from leakray.screen.driver import screen
+    from leakray.protocols.screen import run_screen
 
     with tempfile.TemporaryDirectory() as tmp:
         corpus = SC.build(Path(tmp), seed=seed)
-        summary = screen([("humaneval", str(corpus.benchmark))], str(corpus.root), str(Path(tmp) / "out"),
-                         log=lambda m: None)
+        summary = run_screen([("humaneval", str(corpus.benchmark))], str(corpus.root), str(Path(tmp) / "out"),
+                             engine="local", log=lambda m: None)
         pairs = pq.read_table(Path(tmp) / "out" / "pairs.parquet").to_pylist()
         entries = Entries.from_tasks({"h": load_benchmark_file("humaneval", corpus.benchmark)})
-        index = BenchmarkIndex(ScreenConfig(), entries.text, groups=entries.group_ids())
+        index = BenchmarkIndex.for_entries(ScreenConfig(), entries)
         ok = {(t, p) for t, p, good in zip(entries.task_id, entries.field, index.screenable) if good}
-    found = {(p[P.TASK_ID], p[P.FIELD], p["corpus_file"]) for p in pairs}
+    found = {(p[P.TASK_ID], p[P.PART], p[P.CORPUS_FILE]) for p in pairs}
     planted_in = corpus.planted_files()
-    false = [p for p in pairs if p["corpus_file"] not in planted_in.get(p[P.TASK_ID], ())]
+    false = [p for p in pairs if p[P.CORPUS_FILE] not in planted_in.get(p[P.TASK_ID], ())]
     files = summary["corpus"]["files"]
     print(f"\nplanted corpus (tests/screen_corpus.py): {files['in']} files, {files['screened']} screened, "
-          f"skipped {files['skipped']}, {summary['corpus']['documents']} documents; {len(pairs)} pairs, "
+          f"skipped {files['skipped']}, {summary['corpus']['documents']} documents; {len(pairs)} pairs "
+          f"({', '.join(f'{k} {v}' for k, v in sorted(Counter(p[P.MATCHED_BY] for p in pairs).items()))}), "
           f"{len(false)} false")
+    parts = summary["benchmarks"]["humaneval"]["parts"]
+    print(f"  screenable parts of its {len(corpus.tasks)} tasks: "
+          + ", ".join(f"{part} {v['n_screenable']}" for part, v in parts.items())
+          + f" ({len(ok)} of {len(entries)})")
     print("  form            copies found / planted (screenable parts)   / planted (all parts)")
     for form, copies in corpus.copies.items():
         want = {c for c in copies if c[:2] in ok}
@@ -340,7 +346,13 @@ def main(argv=None) -> int:
     sub_ids, sub_docs = ids[:m], docs[:m]
     _, st_o, cpu_o, wall_o = run_ours(index, sub_ids, sub_docs)
     entries = Entries.from_tasks({"humaneval": tasks})
-    all_parts = BenchmarkIndex(cfg, entries.text, groups=entries.group_ids())
+    all_parts = BenchmarkIndex.for_entries(cfg, entries)
+    def count(mask, part):
+        return sum(ok for f, ok in zip(entries.field, mask) if f == part)
+
+    print("\nscreenable parts of HumanEval (all-parts index): " + ", ".join(
+        f"{part} {count(all_parts.screenable, part)}/{entries.field.count(part)} ({count(all_parts.by_runs, part)} by runs)"
+        for part in ("prompt", "solution", "tests", "task")))
     run_ours(all_parts, sub_ids[:64], sub_docs[:64])
     _, st_a, cpu_a, _ = run_ours(all_parts, sub_ids, sub_docs)
     ds_pairs, cpu_d, wall_d = run_datasketch(samples, sub_ids, sub_docs, args.threshold, args.num_perm)

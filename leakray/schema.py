@@ -175,10 +175,23 @@ class P:
     SAMPLE_TEXT = "sample_text"
     CORPUS_TEXT = "corpus_text"
     LABEL = "label"  # empty in the labelling sheet; LessLeak's four classes
-    FIELD = "field"  # which text of the sample was screened: "reference" | "prompt"
+    FIELD = "field"  # which part of the sample matched: prompt | solution | tests | task
+    PART = FIELD
     SAMPLE_SHINGLES = "sample_shingles"  # distinct shingles of the sample text
     CORPUS_SHINGLES = "corpus_shingles"  # distinct shingles of the corpus file
     SHARED_SHINGLES = "shared_shingles"  # |sample ∩ file|
+    # `leakray screen`'s provenance and evidence (pairs.parquet, labels.csv)
+    CORPUS_FILE = "corpus_file"  # the corpus file (or shard) the text came from
+    CORPUS_RECORD = "corpus_record"  # JSONL line (1-based), JSON / parquet / Arrow row (0-based); null: whole file
+    CORPUS_KEY = "corpus_key"  # where in the record or file: JSON key path, column, notebook cell, markdown fence
+    LINE_START = "line_start"  # lines of the aligned copy: of the file where known, else of the text
+    LINE_END = "line_end"
+    MATCHED_BY = "matched_by"  # jaccard | containment (rare-shingle evidence) | runs (number-bearing token runs)
+    SAMPLE_RARE = "sample_rare_shingles"  # the sample's rare shingles (null when matched by runs)
+    SHARED_RARE = "shared_rare_shingles"  # of those, how many the corpus text holds
+    SAMPLE_RUNS = "sample_runs"  # the sample's indexed token runs (null unless matched by runs)
+    SHARED_RUNS = "shared_runs"  # of those, how many the corpus text holds
+    SPAN_COVERAGE = "span_coverage"  # share of the sample's tokens in aligned runs shared with the text
 
 
 class V:

@@ -18,11 +18,11 @@ import pytest
 
 from leakray.screen import corpus as C
 from leakray.screen.candidates import expand_matches
-from leakray.screen.columns import S as P
+from leakray.schema import P
 from leakray.screen.index import BenchmarkIndex, ScreenConfig
 from leakray.screen.minhash import MinHasher
 from leakray.screen.screener import BatchScreener, Stats, screen_documents
-from leakray.screen.shingle import shingle_batch, shingles_reference, tokenize
+from leakray.screen.shingle import TOKENIZER_NAME, shingle_batch, shingles_reference, token_sequence, tokenize
 from leakray.screen.verify import jaccard_exact
 
 FIX = Path(__file__).parent / "fixtures" / "screen"
@@ -52,6 +52,15 @@ def _mutate(text: str, rng: random.Random, rate: float) -> str:
 def _random_code(rng: random.Random, n_lines: int) -> str:
     words = ["if", "x", "y", "return", "for", "in", "range", "len", "self", "data", "=", "+", "(", ")", ":"]
     return "\n".join(" ".join(rng.choice(words) + str(rng.randrange(50)) for _ in range(8)) for _ in range(n_lines))
+
+
+def _code_with_names(rng: random.Random, n_lines: int) -> tuple[str, list[str]]:
+    """Code whose only rare tokens are a few names (the shape of a real function)."""
+    names = [f"n{rng.randrange(10**6)}" for _ in range(6)]
+    lines = ["    if x[i] > {a} and y[j] < 0:", "        return {a} + len(x) * 2", "    for i in range(len(x) - 1):",
+             "    y[i] = y[i - 1] + x[i] * 2", "    while x and not {a}:", "    return (x, y, {a})",
+             "    z = [v for v in x if v % 2 == 0]"]
+    return "\n".join(rng.choice(lines).format(a=rng.choice(names)) for _ in range(n_lines)), names
 
 
 # ---------------------------------------------------------------- shingles
@@ -87,7 +96,38 @@ def test_shingle_hashes_are_stable_across_processes():
     here = shingle_batch(["def f(a):\n    return a + 1\n"], 2).values.tolist()
     assert json.loads(outs.pop()) == here
     # pinned: a change of tokenizer or hash must bump TOKENIZER_NAME and this value
-    assert here[0] == 52811993771464
+    assert (TOKENIZER_NAME, here[0]) == ("code-bytes-v3", 6407484938239)
+
+
+def _token_value(tok: bytes) -> int:
+    """The token value as `token_hashes` defines it, one token at a time in plain Python."""
+    mask = (1 << 64) - 1
+
+    def fmix(h):
+        for mul in (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53):
+            h = ((h ^ (h >> 33)) * mul) & mask
+        return h ^ (h >> 33)
+
+    h = int.from_bytes(tok[:8], "little")
+    if len(tok) > 8:
+        h ^= fmix(int.from_bytes(tok[-8:], "little") ^ (len(tok) * 0x9E3779B97F4A7C15 & mask))
+        for k in range(1, (len(tok) + 7) // 8 - 1):
+            h ^= fmix(int.from_bytes(tok[8 * k:8 * k + 8], "little") ^ (k * 0x632BE59BD9B4E019 & mask))
+    return h
+
+
+def test_token_values_match_their_definition():
+    """Every byte of a token counts, for each length the vectorised paths treat apart (1-8,
+    9-16, longer), and tokens differing in one middle byte differ."""
+    rng = random.Random(5)
+    alphabet = "abcdefghijklmnopqrstuvwxyz_0123456789é"
+    words = ["".join(rng.choice(alphabet) for _ in range(n)) for n in list(range(1, 41)) + [64, 65, 200]]
+    words += [w[:len(w) // 2] + "Q" + w[len(w) // 2 + 1:] for w in words if len(w) > 2]
+    text = " ".join(words) + " (x)==y; \\n"
+    toks = tokenize(text)
+    th, starts = token_sequence(text)
+    assert [_token_value(t) for t in toks] == th.tolist()
+    assert len(set(th.tolist())) == len(set(toks))
 
 
 # ---------------------------------------------------------------- MinHash / LSH
@@ -122,27 +162,36 @@ def test_expand_matches_counts_distinct_hits():
 
 
 def test_candidates_are_exact_for_the_reporting_rule():
-    """Every pair the rule admits (shingle threshold and rare-shingle share) is a candidate:
-    brute force over random texts agrees with the indexed filter."""
+    """Every pair the rule admits is a candidate: Jaccard >= 0.7 with at least min_rare_shingles
+    rare shingles shared, or containment >= 0.8 with 70% of the sample's rare shingles too.
+    Brute force over random texts agrees with the indexed filter, including near-duplicates
+    whose renamed tokens (the rare ones) leave fewer than 70% of the rare shingles."""
     rng = random.Random(11)
     samples = [_random_code(rng, rng.randrange(3, 10)) for _ in range(40)]
+    named = [_code_with_names(rng, 12) for _ in range(20)]
+    samples += [text for text, _ in named]
     cfg = ScreenConfig(span_coverage=0.0)
     index = BenchmarkIndex(cfg, samples)
     docs = [_mutate(samples[i % 40], rng, 0.15) + "\n" + _random_code(rng, rng.randrange(1, 30)) for i in range(120)]
+    docs += [text.replace(names[0], "renamed_x").replace(names[1], "renamed_y") for text, names in named]
     files = shingle_batch(docs)
     got = {(p[P.CORPUS_ID], p["entry"]) for p in screen_documents(index, [str(i) for i in range(len(docs))],
                                                                   [d.encode() for d in docs])}
     keys = set(index.keys.tolist())
-    want = set()
+    want, jaccard_only_below_share = set(), 0
     for f in range(len(docs)):
         for e in np.flatnonzero(index.screenable):
             inter = np.intersect1d(files[f], index.sets[e])
             rare = sum(1 for v in inter.tolist() if v in keys and e in index.owner[index.keys == v])
             jac = len(inter) / (len(files[f]) + index.sizes[e] - len(inter))
             con = len(inter) / index.sizes[e]
-            if rare >= index.need[e] and (jac >= 0.7 or (index.contain_ok[e] and con >= 0.8)):
+            share_ok = rare >= max(4, np.ceil(0.7 * index.rare[e] - 1e-9))
+            by_jaccard = jac >= 0.7 and rare >= 4
+            if by_jaccard or (index.contain_ok[e] and con >= 0.8 and share_ok):
                 want.add((str(f), int(e)))
+                jaccard_only_below_share += by_jaccard and not share_ok
     assert want and got == want
+    assert jaccard_only_below_share  # the case the rare-share rule used to drop
 
 
 def test_screen_finds_planted_pairs_and_nothing_below_thresholds():

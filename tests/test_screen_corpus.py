@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import screen_corpus as SC  # noqa: E402
 
-from leakray.screen.columns import S  # noqa: E402
+from leakray.schema import P  # noqa: E402
 from leakray.screen.index import BenchmarkIndex, ScreenConfig  # noqa: E402
 from leakray.screen.parts import Entries  # noqa: E402
 from leakray.screen.readers import Reader, Skip  # noqa: E402
@@ -42,14 +42,14 @@ def _screenable(corpus) -> set[tuple[str, str]]:
     from leakray.data.registry import load_benchmark_file
 
     entries = Entries.from_tasks({"h": load_benchmark_file("humaneval", corpus.benchmark)})
-    index = BenchmarkIndex(ScreenConfig(), entries.text, groups=entries.group_ids())
+    index = BenchmarkIndex.for_entries(ScreenConfig(), entries)
     return {(t, p) for t, p, ok in zip(entries.task_id, entries.field, index.screenable) if ok}
 
 
 def test_every_planted_copy_is_found_with_part_and_provenance(planted, capsys):
     corpus, out = planted
     pairs = pq.read_table(out / "pairs.parquet").to_pylist()
-    found = {(p[S.TASK_ID], p[S.PART], p[S.CORPUS_FILE]) for p in pairs}
+    found = {(p[P.TASK_ID], p[P.PART], p[P.CORPUS_FILE]) for p in pairs}
     ok = _screenable(corpus)
     for form, copies in corpus.copies.items():
         want = {c for c in copies if c[:2] in ok}
@@ -57,22 +57,31 @@ def test_every_planted_copy_is_found_with_part_and_provenance(planted, capsys):
         assert want <= found, (form, sorted(want - found))
     # no false pair: every pair is a task with a file it was planted in
     planted_in = corpus.planted_files()
-    assert all(p[S.CORPUS_FILE] in planted_in.get(p[S.TASK_ID], ()) for p in pairs)
+    assert all(p[P.CORPUS_FILE] in planted_in.get(p[P.TASK_ID], ()) for p in pairs)
     by_file = {}
     for p in pairs:
-        by_file.setdefault(Path(p[S.CORPUS_FILE]).name, []).append(p)
+        by_file.setdefault(Path(p[P.CORPUS_FILE]).name, []).append(p)
     jl = by_file["human-eval-copy.jsonl"]
-    assert {p[S.CORPUS_KEY] for p in jl} >= {"prompt", "canonical_solution"}
-    assert all(p[S.CORPUS_RECORD] == p[S.LINE_START] == p[S.LINE_END] >= 1 for p in jl)
-    assert {p[S.CORPUS_KEY] for p in by_file["samples.json"]} == {"prompt", "completion"}
-    assert all(p[S.CORPUS_KEY].startswith("cells[") for p in by_file["practice.ipynb"])
-    assert all(p[S.CORPUS_KEY] == "text" and p[S.CORPUS_RECORD] < SC.TASKS_PER_FORM
+    assert {p[P.CORPUS_KEY] for p in jl} >= {"prompt", "canonical_solution"}
+    assert all(p[P.CORPUS_RECORD] == p[P.LINE_START] == p[P.LINE_END] >= 1 for p in jl)
+    assert {p[P.CORPUS_KEY] for p in by_file["samples.json"]} == {"prompt", "completion"}
+    assert all(p[P.CORPUS_KEY].startswith("cells[") for p in by_file["practice.ipynb"])
+    assert all(p[P.CORPUS_KEY] == "text" and p[P.CORPUS_RECORD] < SC.TASKS_PER_FORM
                for p in by_file["train-00000.parquet"])
     md = [p for name, ps in by_file.items() if name.endswith(".md") for p in ps]
-    assert md and all(p[S.CORPUS_KEY].startswith("fence[") and p[S.LINE_START] > 4 for p in md)
+    assert md and all(p[P.CORPUS_KEY].startswith("fence[") and p[P.LINE_START] > 4 for p in md)
     esc = by_file["prompts.py"]  # one escaped literal per line, from line 4 on
-    assert esc and all(p[S.LINE_START] == p[S.LINE_END] >= 4 for p in esc)
-    assert all(p[S.SPAN_COVERAGE] >= 0.5 and p[S.SHARED_RARE] >= 4 for p in pairs)
+    assert esc and all(p[P.LINE_START] == p[P.LINE_END] >= 4 for p in esc)
+    assert all(p[P.SPAN_COVERAGE] >= 0.5 for p in pairs)
+    # the evidence: rare shingles, or (tests of numbers) number-bearing token runs
+    for p in pairs:
+        if p[P.MATCHED_BY] == "runs":
+            assert p[P.PART] == "tests" and p[P.SHARED_RARE] is None and p[P.SHARED_RUNS] >= 4
+            assert p[P.SHARED_RUNS] >= 0.7 * p[P.SAMPLE_RUNS] and p[P.CONTAINMENT] >= 0.8
+        else:
+            assert p[P.MATCHED_BY] in ("jaccard", "containment") and p[P.SHARED_RARE] >= 4 and p[P.SHARED_RUNS] is None
+    tests_only = {f for _, _, f in corpus.copies["tests_only"]}
+    assert any(p[P.MATCHED_BY] == "runs" and p[P.CORPUS_FILE] in tests_only for p in pairs)
 
 
 def test_summary_accounts_for_every_file_and_reports_parts(planted):
@@ -138,8 +147,35 @@ def test_short_sample_is_not_matched_by_chance_in_a_large_unrelated_file():
     lines = big.split("\n")
     copy = "\n".join(lines[:100] + [sample] + lines[100:])
     pairs = screen_documents(index, ["copy.py"], [copy.encode()])
-    assert len(pairs) == 1 and pairs[0][S.CONTAINMENT] == 1.0 and pairs[0][S.SPAN_COVERAGE] == 1.0
-    assert pairs[0][S.LINE_START] == 101
+    assert len(pairs) == 1 and pairs[0][P.CONTAINMENT] == 1.0 and pairs[0][P.SPAN_COVERAGE] == 1.0
+    assert pairs[0][P.LINE_START] == 101
+
+
+def test_tests_of_numbers_are_screened_by_runs_without_chance_matches():
+    """Tests made of numbers and the boilerplate name `candidate` have no rare shingles; their
+    number-bearing token runs find a copy, while a large harness file of the same shape (other
+    tests of `candidate` on random numbers, >= 0.8 of the sample's shingles) matches nothing."""
+    rng = random.Random(8)
+    tests = ["def check(candidate):\n" + _numeric_tests(rng, rng.randrange(4, 9), "candidate") + "\n"
+             for _ in range(12)]
+    index = BenchmarkIndex(ScreenConfig(), tests, data=[True] * len(tests))
+    assert not index.by_rare.any() and index.by_runs.all()  # "candidate" is boilerplate: no rare shingle
+    assert not BenchmarkIndex(ScreenConfig(), tests).screenable.any()  # code is never screened by runs
+    big = "\n".join(f"def check_{i}(candidate):\n" + _numeric_tests(rng, 4, "candidate") for i in range(1500))
+    sets = shingle_batch(tests + [big])
+    assert all(len(np.intersect1d(sets[i], sets[len(tests)])) / sets.sizes[i] >= 0.8 for i in range(len(tests)))
+    stats = Stats()
+    assert screen_documents(index, ["harness.py"], [big.encode()], stats) == []
+    assert stats["candidates"] == 0  # not even a candidate: the runs are the test's own numbers
+    # recall: each tests part copied into that file, or alone
+    lines = big.split("\n")
+    for i, t in enumerate(tests):
+        copy = "\n".join(lines[:40 * i] + [t] + lines[40 * i:])
+        pairs = screen_documents(index, ["copy.py", "alone.py"], [copy.encode(), t.encode()])
+        assert {(p[P.CORPUS_ID], p["entry"], p[P.MATCHED_BY]) for p in pairs} == {
+            ("copy.py", i, "runs"), ("alone.py", i, "runs")}
+        assert all(p[P.SHARED_RUNS] == p[P.SAMPLE_RUNS] and p[P.SPAN_COVERAGE] == 1.0 for p in pairs)
+        assert pairs[0][P.LINE_START] == 40 * i + 1
 
 
 def test_span_check_rejects_shingles_shared_out_of_order():
@@ -163,7 +199,7 @@ def test_false_positives_on_unrelated_code_are_zero():
     from leakray.data.registry import load_benchmark
 
     entries = Entries.from_tasks({"humaneval": load_benchmark("humaneval")})
-    index = BenchmarkIndex(ScreenConfig(), entries.text, groups=entries.group_ids())
+    index = BenchmarkIndex.for_entries(ScreenConfig(), entries)
     paths = SC.unrelated_sources(300, seed=5)
     stats = Stats()
     pairs = screen_documents(index, [str(p) for p in paths], [p.read_bytes() for p in paths], stats)

@@ -1,25 +1,32 @@
 """Candidate pairs from a sorted key index: every (corpus text, benchmark entry) sharing enough keys.
 
 One sorted uint64 array holds the indexed keys of every entry and `owner` the entry of each
-key, so a probe for a whole batch of corpus texts is one ``np.searchsorted``; a bit table on
-the low bits of the keys first drops most corpus shingles with one lookup each.
+key, so a probe for a whole batch of corpus texts is one ``np.searchsorted``; a byte table on
+the top bits of the keys first drops most corpus shingles with one lookup each.
+
+`RunIndex` finds indexed token runs (the evidence of tests with too few rare shingles, such as
+tests made of numbers) in the few corpus texts that hold the first shingle of one.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from leakray.screen.shingle import VALUE_BITS, fold, run_values
+
 _U64 = np.uint64
+COUNT_TABLE_MAX = 1 << 21  # (rows x owners) up to this many: count hits with one bincount, else sort
 
 
 class KeyFilter:
-    """A bit table (one byte per slot) answering "maybe indexed" for 48-bit shingle values."""
+    """A table (one byte per slot) answering "maybe indexed" for 48-bit shingle values, addressed
+    by their top bits: the values are hash outputs, and a shift needs no mask and no cast."""
 
     def __init__(self, keys: np.ndarray, slots_per_key: int = 32, min_bits: int = 12, max_bits: int = 24):
         bits = int(np.clip(np.ceil(np.log2(max(1, len(keys)) * slots_per_key)), min_bits, max_bits))
-        self.mask = _U64((1 << bits) - 1)
+        self.shift = _U64(VALUE_BITS - bits)
         self.table = np.zeros(1 << bits, dtype=bool)
-        self.table[(keys & self.mask).astype(np.intp)] = True
+        self.table[(keys >> self.shift).astype(np.intp)] = True
 
     @property
     def nbytes(self) -> int:
@@ -27,7 +34,8 @@ class KeyFilter:
 
     def maybe(self, values: np.ndarray) -> np.ndarray:
         """Positions of the values that may be indexed (all indexed ones, a few others)."""
-        return np.flatnonzero(self.table.take((values & self.mask).astype(np.intp)))
+        slots = values >> self.shift
+        return np.flatnonzero(self.table.take(slots.view(np.int64)))
 
 
 def expand_matches(sorted_keys: np.ndarray, owner: np.ndarray, query: np.ndarray, query_row: np.ndarray,
@@ -50,8 +58,45 @@ def expand_matches(sorted_keys: np.ndarray, owner: np.ndarray, query: np.ndarray
     rows = np.repeat(qrow, cnt).astype(np.int64)
     ids = owner[pos].astype(np.int64)
     width = int(owner.max()) + 1
-    pair, count = np.unique(rows * width + ids, return_counts=True)
+    nrows = int(rows.max()) + 1
+    code = rows * width + ids
+    if nrows * width <= COUNT_TABLE_MAX:  # a table of counts: no sort of the hits
+        table = np.bincount(code, minlength=nrows * width)
+        pair = np.flatnonzero(table)
+        count = table[pair]
+    else:
+        pair, count = np.unique(code, return_counts=True)
     if min_hits is not None:
         keep = count >= min_hits[pair % width]
         pair, count = pair[keep], count[keep]
     return pair // width, pair % width, count
+
+
+class RunIndex:
+    """The indexed token runs of a benchmark: their sorted 48-bit values (`keys`), the entry of
+    each (`owner`), and the sorted values of their first n-grams (`first`), which are shingles:
+    the shingle prefilter finds the few texts holding one, and only those are read for runs."""
+
+    def __init__(self, keys: np.ndarray, owner: np.ndarray, first: np.ndarray, ngram: int, grams: int):
+        self.keys, self.owner, self.first, self.ngram, self.grams = keys, owner, first, ngram, grams
+        self.span = ngram * grams  # tokens of a run
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.owner.nbytes + self.first.nbytes
+
+    def starts_in(self, values: np.ndarray) -> np.ndarray:
+        """Which of these shingle values begin an indexed run."""
+        if len(values) == 0:
+            return np.zeros(0, dtype=bool)
+        return self.first[np.searchsorted(self.first, values).clip(max=len(self.first) - 1)] == values
+
+    def found(self, token_hashes: np.ndarray) -> np.ndarray:
+        """The distinct indexed runs in a text (its token hashes in order)."""
+        m = len(token_hashes) - self.span + 1
+        if m <= 0:
+            return np.empty(0, _U64)
+        grams = fold(token_hashes, self.ngram)
+        p = np.flatnonzero(self.starts_in(grams[:m] >> _U64(64 - VALUE_BITS)))
+        v = run_values(grams, p, self.ngram, self.grams)
+        return np.unique(v[self.keys[np.searchsorted(self.keys, v).clip(max=len(self.keys) - 1)] == v])

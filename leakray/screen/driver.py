@@ -75,7 +75,7 @@ def corpus_pass(prep: Prepared, batches: Callable[[BenchmarkIndex, C.CorpusPlan]
     Ray; the same screener either way): (pairs as worker records, corpus stats, screenable per text)."""
     log = log or default_log
     plan = prep.plan
-    index = BenchmarkIndex(prep.config, prep.entries.text, groups=prep.entries.group_ids())
+    index = BenchmarkIndex.for_entries(prep.config, prep.entries)
     log(f"indexed {len(prep.entries)} texts ({', '.join(prep.config.parts)}) of {len(prep.tasks)} benchmarks "
         f"({index.nbytes / max(1, len(prep.entries)):.0f} B/text); corpus: {plan.n_files} files, {len(plan.files)} "
         f"read in batches, {len(plan.shards)} alone (shards, compressed or big)")

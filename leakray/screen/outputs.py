@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from leakray.data.io import iter_records
 from leakray.errors import BadInput
 from leakray.runs import file_digest
-from leakray.screen.columns import S
+from leakray.schema import P
 from leakray.screen.parts import PARTS, Entries
 
 MARKER = "_SUCCESS"
@@ -44,13 +44,13 @@ LABELS = ("exact_copy", "semantically_equivalent", "related_not_duplicate", "unr
 SHEET_PAIRS_PER_SAMPLE = 5
 
 PAIRS_SCHEMA = pa.schema([
-    (S.BENCHMARK, pa.string()), (S.TASK_ID, pa.string()), (S.PART, pa.string()), (S.CORPUS_ID, pa.string()),
-    (S.CORPUS_FILE, pa.string()), (S.CORPUS_RECORD, pa.int64()), (S.CORPUS_KEY, pa.string()),
-    (S.LINE_START, pa.int64()), (S.LINE_END, pa.int64()),
-    (S.EST_JACCARD, pa.float64()), (S.JACCARD, pa.float64()), (S.CONTAINMENT, pa.float64()),
-    (S.SPAN_COVERAGE, pa.float64()),
-    (S.SAMPLE_SHINGLES, pa.int64()), (S.CORPUS_SHINGLES, pa.int64()), (S.SHARED_SHINGLES, pa.int64()),
-    (S.SAMPLE_RARE, pa.int64()), (S.SHARED_RARE, pa.int64()),
+    (P.BENCHMARK, pa.string()), (P.TASK_ID, pa.string()), (P.PART, pa.string()), (P.CORPUS_ID, pa.string()),
+    (P.CORPUS_FILE, pa.string()), (P.CORPUS_RECORD, pa.int64()), (P.CORPUS_KEY, pa.string()),
+    (P.LINE_START, pa.int64()), (P.LINE_END, pa.int64()),
+    (P.EST_JACCARD, pa.float64()), (P.JACCARD, pa.float64()), (P.CONTAINMENT, pa.float64()),
+    (P.MATCHED_BY, pa.string()), (P.SPAN_COVERAGE, pa.float64()),
+    (P.SAMPLE_SHINGLES, pa.int64()), (P.CORPUS_SHINGLES, pa.int64()), (P.SHARED_SHINGLES, pa.int64()),
+    (P.SAMPLE_RARE, pa.int64()), (P.SHARED_RARE, pa.int64()), (P.SAMPLE_RUNS, pa.int64()), (P.SHARED_RUNS, pa.int64()),
 ])
 
 
@@ -80,7 +80,7 @@ def _atomic_write(path: Path, write) -> None:
 def write_outputs(out_dir: str | Path, *, key: str, entries: Entries, pairs: list[dict],
                   benchmarks: list[tuple[str, str]], n_tasks: dict[str, int], corpus_stats: dict,
                   config_record: dict, seconds: float, screenable=()) -> dict:
-    """Write every output, the marker last. `pairs` are worker records (entry index + S columns)."""
+    """Write every output, the marker last. `pairs` are worker records (entry index + P columns)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     marker = out / MARKER
@@ -89,28 +89,28 @@ def write_outputs(out_dir: str | Path, *, key: str, entries: Entries, pairs: lis
     rows = []
     for p in pairs:
         e = p["entry"]
-        rows.append({**{k: p.get(k) for k in PAIRS_SCHEMA.names}, S.BENCHMARK: entries.benchmark[e],
-                     S.TASK_ID: entries.task_id[e], S.PART: entries.field[e], "_entry": e,
-                     "_text": p.get(S.CORPUS_TEXT, "")})
-    rows.sort(key=lambda r: (r[S.BENCHMARK], r[S.TASK_ID], _part_order(r[S.PART]), -r[S.JACCARD],
-                             -r[S.CONTAINMENT], r[S.CORPUS_ID]))
+        rows.append({**{k: p.get(k) for k in PAIRS_SCHEMA.names}, P.BENCHMARK: entries.benchmark[e],
+                     P.TASK_ID: entries.task_id[e], P.PART: entries.field[e], "_entry": e,
+                     "_text": p.get(P.CORPUS_TEXT, "")})
+    rows.sort(key=lambda r: (r[P.BENCHMARK], r[P.TASK_ID], _part_order(r[P.PART]), -r[P.JACCARD],
+                             -r[P.CONTAINMENT], r[P.CORPUS_ID]))
     table = pa.Table.from_pylist([{k: r[k] for k in PAIRS_SCHEMA.names} for r in rows], schema=PAIRS_SCHEMA)
     _atomic_write(out / PAIRS, lambda p: pq.write_table(table, p))
     _atomic_write(out / SHEET, lambda p: _write_sheet(p, rows, entries))
 
     per_bench = {}
     for name, path in benchmarks:
-        mine = [r for r in rows if r[S.BENCHMARK] == name]
-        leaked = sorted({r[S.TASK_ID] for r in mine})
+        mine = [r for r in rows if r[P.BENCHMARK] == name]
+        leaked = sorted({r[P.TASK_ID] for r in mine})
         n = n_tasks[name]
         docs: dict[str, set] = defaultdict(set)
         for r in mine:
-            docs[r[S.TASK_ID]].add((r[S.CORPUS_FILE] or r[S.CORPUS_ID], r[S.CORPUS_RECORD]))
+            docs[r[P.TASK_ID]].add((r[P.CORPUS_FILE] or r[P.CORPUS_ID], r[P.CORPUS_RECORD]))
         parts = {}
         for part in PARTS:
             ok = {entries.task_id[e] for e, good in enumerate(screenable)
                   if good and entries.benchmark[e] == name and entries.field[e] == part}
-            hit = {r[S.TASK_ID] for r in mine if r[S.PART] == part}
+            hit = {r[P.TASK_ID] for r in mine if r[P.PART] == part}
             if ok or hit:
                 parts[part] = {"n_screenable": len(ok), "n_leaked": len(hit), "ratio": len(hit) / n if n else 0.0}
         some_part = {entries.task_id[e] for e, good in enumerate(screenable) if good and entries.benchmark[e] == name}
@@ -136,19 +136,20 @@ def _part_order(part: str) -> int:
 def _write_sheet(path, rows: list[dict], entries: Entries) -> None:
     """The labelling sheet: the best few pairs per sample part, both texts, an empty label."""
     per_sample: dict[tuple, int] = defaultdict(int)
-    cols = [S.BENCHMARK, S.TASK_ID, S.PART, S.CORPUS_ID, S.LINE_START, S.LINE_END, S.JACCARD, S.CONTAINMENT,
-            S.SPAN_COVERAGE, S.EST_JACCARD, S.SAMPLE_TEXT, S.CORPUS_TEXT, S.LABEL]
+    cols = [P.BENCHMARK, P.TASK_ID, P.PART, P.CORPUS_ID, P.LINE_START, P.LINE_END, P.MATCHED_BY, P.JACCARD,
+            P.CONTAINMENT, P.SPAN_COVERAGE, P.EST_JACCARD, P.SAMPLE_TEXT, P.CORPUS_TEXT, P.LABEL]
     with open(path, "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
         w.writerow(cols)
         for r in rows:
-            k = (r[S.BENCHMARK], r[S.TASK_ID], r[S.PART])
+            k = (r[P.BENCHMARK], r[P.TASK_ID], r[P.PART])
             per_sample[k] += 1
             if per_sample[k] > SHEET_PAIRS_PER_SAMPLE:
                 continue
-            w.writerow([r[S.BENCHMARK], r[S.TASK_ID], r[S.PART], r[S.CORPUS_ID], r[S.LINE_START], r[S.LINE_END],
-                        f"{r[S.JACCARD]:.4f}", f"{r[S.CONTAINMENT]:.4f}", f"{r[S.SPAN_COVERAGE] or 0.0:.4f}",
-                        f"{r[S.EST_JACCARD] or 0.0:.4f}", entries.text[r['_entry']], r["_text"], ""])
+            w.writerow([r[P.BENCHMARK], r[P.TASK_ID], r[P.PART], r[P.CORPUS_ID], r[P.LINE_START], r[P.LINE_END],
+                        r[P.MATCHED_BY], f"{r[P.JACCARD]:.4f}", f"{r[P.CONTAINMENT]:.4f}",
+                        f"{r[P.SPAN_COVERAGE] or 0.0:.4f}",
+                        f"{r[P.EST_JACCARD] or 0.0:.4f}", entries.text[r['_entry']], r["_text"], ""])
 
 
 def _clean(path, dest: Path, drop_rows: set, out: Path) -> dict:

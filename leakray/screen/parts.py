@@ -50,6 +50,11 @@ class Entries:
     def __len__(self) -> int:
         return len(self.text)
 
+    def data_mask(self) -> list[bool]:
+        """Which entries are data, not code: the tests (screened by number-bearing runs where they
+        have too few rare shingles)."""
+        return [f == "tests" for f in self.field]
+
     def group_ids(self) -> list[int]:
         """One number per (benchmark, task): its parts are one task when counting boilerplate."""
         ids: dict[tuple[str, str], int] = {}

@@ -13,6 +13,7 @@ blocks plus the prose around them, parquet and Arrow by their text-like string c
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterator
@@ -202,20 +203,18 @@ class Reader:
                         yield self._value(path, _joined(text), None, f"cells[{i}].outputs[{j}]")
 
     def _markdown(self, path, data: bytes, counts) -> Iterator[Piece]:
-        """Each fenced block, then the prose with the blocks blanked out (line numbers kept)."""
+        """Each fenced block, then the prose with each block cut down to its line breaks (so the
+        prose keeps the file's line numbers, and no block is screened twice)."""
         reason = check_bytes(data, self.max_text)
         if reason:
             raise Skip(reason)
         counts["documents"] += 1
-        prose = bytearray(data)
-        pos, n = 0, 0
-        while True:
-            m = FENCE_RE.search(data, pos)
-            if not m:
-                break
+        prose: list[bytes] = []
+        pos = n = 0  # pos: where the prose not yet kept starts
+        m = FENCE_RE.search(data) if b"```" in data or b"~~~" in data else None
+        while m:
             fence = m.group(1)
-            close = re.compile(rb"^ {0,3}" + re.escape(fence[:1]) + rb"{" + str(len(fence)).encode() + rb",}[ \t]*$",
-                               re.M)
+            close = _closing_fence(fence[:1], len(fence))
             body_start = m.end() + 1
             c = close.search(data, body_start)
             body_end, after = (c.start(), c.end()) if c else (len(data), len(data))
@@ -225,11 +224,13 @@ class Reader:
             body = data[body_start:body_end]
             if body.strip():
                 yield Piece(body, None, path, None, key, line)
-            prose[m.start():after] = re.sub(rb"[^\n]", b" ", data[m.start():after])  # same length, same lines
+            prose += [data[pos:m.start()], b"\n" * data.count(b"\n", m.start(), after)]
             pos, n = max(after, m.end() + 1), n + 1
-        prose = bytes(prose)
-        if prose.strip():
-            yield Piece(prose, None, path, None, "text" if n else "", 1)
+            m = FENCE_RE.search(data, pos)
+        prose.append(data[pos:])
+        text = b"".join(prose)
+        if text.strip():
+            yield Piece(text, None, path, None, "text" if n else "", 1)
 
     # ------------------------------------------------------------------ parquet, Arrow
 
@@ -307,6 +308,12 @@ class Reader:
                     if isinstance(v, str):
                         yield self._value(path, v, row, c)
                 row += 1
+
+
+@functools.lru_cache(maxsize=64)
+def _closing_fence(char: bytes, length: int) -> re.Pattern:
+    """A line closing a fence opened by `length` times `char` (at least as many, nothing after)."""
+    return re.compile(rb"^ {0,3}" + re.escape(char) + rb"{" + str(length).encode() + rb",}[ \t]*$", re.M)
 
 
 def _joined(source) -> str:

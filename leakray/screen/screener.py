@@ -1,5 +1,6 @@
-"""The corpus stage on one batch: read -> shingle -> rare-shingle candidates -> exact verify ->
-aligned span check (containment) -> pairs with provenance.
+"""The corpus stage on one batch: read -> shingle -> candidates by rare shingles (or by token runs,
+in the few texts holding a run's first shingle) -> exact verify -> aligned span check
+(containment) -> pairs with provenance.
 
 Plain Python on batches; `leakray.executor.screen` runs `BatchScreener` inside Ray Data.
 Every batch returns its verified pairs and counters: files (in, screened, skipped by reason),
@@ -19,14 +20,14 @@ import pyarrow as pa
 
 from leakray.screen.candidates import expand_matches
 from leakray.screen.corpus import EXAMPLES_PER_REASON
-from leakray.screen.columns import S
+from leakray.schema import P
 from leakray.screen.index import EPS, BenchmarkIndex
 from leakray.screen.minhash import estimate_jaccard
 from leakray.screen.readers import Piece, Reader, Skip, check_bytes
 from leakray.screen.shingle import shingle_batch, token_sequence
 from leakray.screen.verify import Runs, aligned_span, intersections
 
-# keys of a worker's pair record beyond the S columns
+# keys of a worker's pair record beyond the P columns
 ENTRY = "entry"  # row of the index (driver maps it to benchmark, task_id, part, text)
 MAX_SHEET_CHARS = 100_000  # corpus text carried back for the labelling sheet
 # a file or stream that breaks (mid-file too): OS, gzip/bz2 (OSError, EOFError), zlib, xz, JSON, pyarrow
@@ -71,14 +72,34 @@ def screen_documents(index: BenchmarkIndex, ids: list[str], docs: list[bytes], s
     stats["texts_screened"] += len(docs) - len(short)
     stats["bytes"] += sum(len(d) for d in docs)
 
-    # candidates: texts holding enough of an entry's rare shingles (exact for the reporting rule)
-    vals, rows = files.values, files.rows()
-    maybe = index.keyfilter.maybe(vals)
-    cf, ce, rare = expand_matches(index.keys, index.owner, vals[maybe], rows[maybe], min_hits=index.need)
+    # candidates by rare shingles: exact for the reporting rule (index.py says why)
+    maybe = index.keyfilter.maybe(files.values)
+    values = files.values[maybe]
+    rows = np.searchsorted(files.offsets, maybe, side="right") - 1
+    cf, ce, shared = expand_matches(index.keys, index.owner, values, rows, min_hits=index.need)
     fz, ez = fsize[cf], index.sizes[ce]
     t = cfg.threshold
-    feasible = ((fz >= t * ez - EPS) & (fz <= ez / t + EPS)) | (index.contain_ok[ce] & (fz >= index.contain_need[ce]))
-    cf, ce, rare = cf[feasible], ce[feasible], rare[feasible]
+    jac_ok = (shared >= index.need_jaccard[ce]) & (fz >= t * ez - EPS) & (fz <= ez / t + EPS)
+    con_ok = (shared >= index.need_contain[ce]) & (fz >= index.contain_need[ce])
+    keep = jac_ok | con_ok
+    cf, ce, shared, jac_ok, con_ok = cf[keep], ce[keep], shared[keep], jac_ok[keep], con_ok[keep]
+    n_rare = len(cf)
+    tokens: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # each text tokenized at most once
+    if index.runs is not None:  # candidates by token runs, in the texts holding a run's first shingle
+        runs_rows, runs_values = [], []
+        for f in np.unique(rows[index.runs.starts_in(values)]).tolist():
+            tokens[f] = token_sequence(docs[f])
+            found = index.runs.found(tokens[f][0])
+            runs_rows.append(np.full(len(found), f, dtype=np.int64))
+            runs_values.append(found)
+        if runs_rows:
+            rf, re_, runs = expand_matches(index.runs.keys, index.runs.owner, np.concatenate(runs_values),
+                                           np.concatenate(runs_rows), min_hits=index.need_runs)
+            ok = fsize[rf] >= index.contain_need[re_]
+            rf, re_, runs = rf[ok], re_[ok], runs[ok]
+            cf, ce, shared = np.concatenate([cf, rf]), np.concatenate([ce, re_]), np.concatenate([shared, runs])
+            jac_ok = np.concatenate([jac_ok, np.zeros(len(rf), bool)])  # runs are containment evidence
+            con_ok = np.concatenate([con_ok, np.ones(len(rf), bool)])
     stats["candidates"] += len(cf)
     if len(cf) == 0:
         stats["seconds"] += time.perf_counter() - t0
@@ -88,28 +109,30 @@ def screen_documents(index: BenchmarkIndex, ids: list[str], docs: list[bytes], s
     esize = index.sizes[ce]
     jac = inter / (esize + fsize[cf] - inter)
     con = inter / esize
-    by_jaccard = jac >= t - EPS
-    by_containment = index.contain_ok[ce] & (con >= cfg.containment - EPS)
-    keep = by_jaccard | by_containment
-    cf, ce, jac, con, inter, rare, by_jaccard = (cf[keep], ce[keep], jac[keep], con[keep], inter[keep], rare[keep],
-                                                 by_jaccard[keep])
+    by_jaccard = jac_ok & (jac >= t - EPS)
+    by_containment = con_ok & (con >= cfg.containment - EPS)
+    keep = np.flatnonzero(by_jaccard | by_containment)
 
     out = []
-    runs: dict[int, Runs] = {}
-    for k in np.argsort(cf, kind="stable").tolist():  # aligned spans: each text tokenized once
+    runs_of: dict[int, Runs] = {}
+    for k in keep[np.argsort(cf[keep], kind="stable")].tolist():  # aligned spans: each text tokenized once
         f, e = int(cf[k]), int(ce[k])
-        if f not in runs:
-            th, starts, _ = token_sequence(docs[f])
-            runs[f] = Runs(th, starts)
-        cov, first, last = aligned_span(index.tokens(e), runs[f], cfg.span_tokens)
+        if f not in runs_of:
+            runs_of[f] = Runs(*(tokens.get(f) or token_sequence(docs[f])))
+        by_runs = k >= n_rare  # evidence by runs of data: aligned in runs of that length
+        cov, first, last = aligned_span(index.tokens(e), runs_of[f], index.run_tokens if by_runs else cfg.span_tokens)
         if not by_jaccard[k] and cov < cfg.span_coverage - EPS:
             stats["rejected_by_span"] += 1  # contained by shingles, but not as a copy: a chance overlap
             continue
-        rec = {ENTRY: e, S.CORPUS_ID: ids[f], S.JACCARD: float(jac[k]), S.CONTAINMENT: float(con[k]),
-               S.SAMPLE_SHINGLES: int(index.sizes[e]), S.CORPUS_SHINGLES: int(fsize[f]),
-               S.SHARED_SHINGLES: int(inter[k]), S.SAMPLE_RARE: int(index.rare[e]), S.SHARED_RARE: int(rare[k]),
-               S.SPAN_COVERAGE: cov, "_f": f}
-        rec.update(_location(docs[f], runs[f], first, last, where[f] if where else None))
+        rec = {ENTRY: e, P.CORPUS_ID: ids[f], P.JACCARD: float(jac[k]), P.CONTAINMENT: float(con[k]),
+               P.MATCHED_BY: "jaccard" if by_jaccard[k] else "runs" if by_runs else "containment",
+               P.SAMPLE_SHINGLES: int(index.sizes[e]), P.CORPUS_SHINGLES: int(fsize[f]),
+               P.SHARED_SHINGLES: int(inter[k]), P.SAMPLE_RARE: None if by_runs else int(index.rare[e]),
+               P.SHARED_RARE: None if by_runs else int(shared[k]),
+               P.SAMPLE_RUNS: int(index.n_runs[e]) if by_runs else None,
+               P.SHARED_RUNS: int(shared[k]) if by_runs else None,
+               P.SPAN_COVERAGE: cov, "_f": f}
+        rec.update(_location(docs[f], runs_of[f], first, last, where[f] if where else None))
         out.append(rec)
 
     if out:  # the MinHash estimate beside every reported pair (signatures of reported texts only)
@@ -119,9 +142,9 @@ def screen_documents(index: BenchmarkIndex, ids: list[str], docs: list[bytes], s
         est = estimate_jaccard(sigs[inv], index.sigs[[r[ENTRY] for r in out]])
         for r, ej in zip(out, est.tolist()):
             f = r.pop("_f")
-            r[S.EST_JACCARD] = ej
+            r[P.EST_JACCARD] = ej
             if with_text:
-                r[S.CORPUS_TEXT] = docs[f][: MAX_SHEET_CHARS * 4].decode("utf-8", "replace")[:MAX_SHEET_CHARS]
+                r[P.CORPUS_TEXT] = docs[f][: MAX_SHEET_CHARS * 4].decode("utf-8", "replace")[:MAX_SHEET_CHARS]
     stats["pairs"] += len(out)
     stats["seconds"] += time.perf_counter() - t0
     return out
@@ -136,13 +159,13 @@ def _location(doc: bytes, runs: Runs, first: int, last: int, piece: Piece | None
     else:
         a, b = 1, doc.count(b"\n") + 1
     if piece is None:
-        return {S.CORPUS_FILE: None, S.CORPUS_RECORD: None, S.CORPUS_KEY: "", S.LINE_START: a, S.LINE_END: b}
+        return {P.CORPUS_FILE: None, P.CORPUS_RECORD: None, P.CORPUS_KEY: "", P.LINE_START: a, P.LINE_END: b}
     if piece.inline:
         a = b = piece.line
     elif piece.line is not None:
         a, b = a + piece.line - 1, b + piece.line - 1
-    return {S.CORPUS_FILE: piece.file, S.CORPUS_RECORD: piece.record, S.CORPUS_KEY: piece.key,
-            S.LINE_START: a, S.LINE_END: b}
+    return {P.CORPUS_FILE: piece.file, P.CORPUS_RECORD: piece.record, P.CORPUS_KEY: piece.key,
+            P.LINE_START: a, P.LINE_END: b}
 
 
 class BatchScreener:

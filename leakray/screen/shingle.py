@@ -13,13 +13,17 @@ a .py file, a JSON string inside a JSON string, a Python ``repr``) tokenizes lik
 itself, at any depth of escaping, and ``\\"`` is a plain ``"``.
 
 `tokenize` is the readable regex form; `shingle_batch` is the same rule in numpy over a whole
-batch at once: a byte-class table (``bytes.translate``) finds token boundaries, each token is
-hashed from its bytes (its first 8-byte word, plus a sum of mixed words for longer tokens),
-and n consecutive token hashes are folded into one shingle hash with the MurmurHash3 64-bit
-finaliser, of which the top 48 bits are kept. Nothing uses Python's salted `hash()`, so the
-same text gives the same shingle hashes on every worker and every run. 48 bits leave the top
-16 bits of a sort key for the document number, so one sort of a whole chunk yields every
-document's sorted distinct shingles (two shingles share a hash with probability ~2^-48 per pair).
+batch at once. One ``bytes.translate`` gives every byte its class (word 0, space 1, single-byte
+token 3); token starts come from one pass over the classes. A token's hash is its bytes: its
+first 8-byte word, masked to the token's leading word bytes (the class bytes, read as one word
+at the same offset, say where the token stops: ``(q - 1) & ~q`` keeps the bytes before the first
+non-word class), plus, for the few tokens longer than 8 bytes, each further word mixed with its
+position. No token end is computed and no per-token mixing is done: n consecutive token hashes
+are folded into one shingle hash (multiply-add, then the MurmurHash3 64-bit finaliser, per
+token), of which the top 48 bits are kept. Nothing uses Python's salted `hash()`, so the same
+text gives the same shingle hashes on every worker and every run. 48 bits leave the top 16 bits
+of a sort key for the document number, so one sort of a whole chunk yields every document's
+sorted distinct shingles (two shingles share a hash with probability ~2^-48 per pair).
 """
 
 from __future__ import annotations
@@ -31,15 +35,16 @@ import numpy as np
 
 TOKEN_RE = re.compile(rb"[A-Za-z0-9_\x80-\xff]+|[^\sA-Za-z0-9_\x80-\xff]")
 ESCAPE_RE = re.compile(rb"\\+[ntr]?")
-TOKENIZER_NAME = "code-bytes-v2"  # recorded in summaries; bump if the rule or the hash below changes
+TOKENIZER_NAME = "code-bytes-v3"  # recorded in summaries; bump if the rule or the hash below changes
 
-# byte class: 0 whitespace (and the backslash of an escape), 1 word, 2 single-byte token
-_CLASS = np.full(256, 2, dtype=np.uint8)
+# byte class, ordered: whitespace (and the backslash of an escape) < a single-byte token < a word byte
+_SPACE, _SINGLE, _WORD = 0, 1, 2
+_CLASS = np.full(256, _SINGLE, dtype=np.uint8)
 for _b in b" \t\n\r\x0b\x0c\\":
-    _CLASS[_b] = 0
+    _CLASS[_b] = _SPACE
 for _b in b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_":
-    _CLASS[_b] = 1
-_CLASS[0x80:] = 1
+    _CLASS[_b] = _WORD
+_CLASS[0x80:] = _WORD
 _CLASS_TABLE = _CLASS.tobytes()
 _ESCAPED = np.zeros(256, dtype=bool)
 _ESCAPED[list(b"ntr")] = True
@@ -55,8 +60,9 @@ _WORD_MIX = _U64(0x632BE59BD9B4E019)
 _NGRAM_MIX = _U64(0xC2B2AE3D27D4EB4F)
 _M1, _M2 = _U64(0xFF51AFD7ED558CCD), _U64(0xC4CEB9FE1A85EC53)
 _S33 = _U64(33)
-_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], dtype=_U64)
-_PAD = 16  # zero bytes after a chunk, so every 8-byte read at a token start stays inside the buffer
+_LEN_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], dtype=_U64)  # by length, 8 = all
+_PAD = 16  # whitespace after a chunk, so every 8-byte read at a token's start stays inside the buffer
+_PAD_BYTES = b"\n" * _PAD
 CHUNK_BYTES = 1 << 18  # a chunk's arrays stay in cache (measured: 256 KiB chunks ~2x faster than 4 MiB)
 
 
@@ -96,75 +102,125 @@ def shingles_reference(text: str | bytes, ngram: int = 2) -> set[tuple[bytes, ..
     return {tuple(toks[i:i + ngram]) for i in range(len(toks) - ngram + 1)}
 
 
-def _bounds(joined: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end offsets of every token in `joined` (which must end with whitespace)."""
-    cls = np.frombuffer(joined.translate(_CLASS_TABLE), dtype=np.uint8)
-    if b"\\" in joined:
-        buf = np.frombuffer(joined, dtype=np.uint8)
-        after = np.flatnonzero(buf == 92) + 1
-        after = after[after < len(buf)]
-        cls = cls.copy()
-        cls[after[_ESCAPED.take(buf.take(after))]] = 0
-    word = cls == 1
-    is_start = cls == 2  # single-byte tokens start and end where they are
-    is_end = is_start.copy()
-    is_start[0] |= word[0]
-    is_start[1:] |= word[1:] > word[:-1]  # a word byte after a non-word byte
-    is_end[:-1] |= word[:-1] > word[1:]  # a word byte before a non-word byte
-    return np.flatnonzero(is_start), np.flatnonzero(is_end) + 1
+def _words(buf: np.ndarray) -> np.ndarray:
+    """The 8 bytes from every offset of `buf` as little-endian uint64 (a view, no copy)."""
+    return np.ndarray((len(buf) - 7,), dtype="<u8", buffer=buf, strides=(1,))
 
 
-def token_hashes(padded: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Position-independent 64-bit hash of each token padded[starts[i]:ends[i]], a function of its bytes only.
+def _classes(buf: bytes) -> np.ndarray:
+    """The class of every byte of `buf`; a backslash, and an n/t/r right after one, are spaces."""
+    q = np.frombuffer(buf.translate(_CLASS_TABLE), dtype=np.uint8)
+    if b"\\" in buf:
+        raw = np.frombuffer(buf, dtype=np.uint8)
+        after = np.flatnonzero(raw == 92) + 1
+        after = after[after < len(raw)]
+        after = after[_ESCAPED.take(raw.take(after))]
+        if len(after):
+            q = q.copy()
+            q[after] = _SPACE
+    return q
 
-    A token of up to 8 bytes is its little-endian 8-byte word (zero-padded) and its length,
-    mixed with fmix64 (no per-byte pass). A longer one adds the sum of its further 8-byte words,
-    each mixed with its position, so only the ~2% of tokens over 8 bytes pay for their length.
-    `padded` (uint8, contiguous) must hold 16 zero bytes after the last token.
+
+def _token_bounds(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end offsets of every token, from the byte classes (which end with whitespace).
+
+    With space < single < word, a token starts where the class rises (a word after a space or a
+    single, a single after a space) and ends where it falls, and every single is a token alone."""
+    single = q == _SINGLE
+    start = np.empty(len(q), dtype=bool)
+    start[0] = q[0] != _SPACE
+    np.greater(q[1:], q[:-1], out=start[1:])
+    start[1:] |= single[1:]
+    end = np.empty(len(q), dtype=bool)  # the last byte of a token
+    end[-1] = False  # whitespace padding
+    np.greater(q[:-1], q[1:], out=end[:-1])
+    end[:-1] |= single[:-1]
+    return np.flatnonzero(start), np.flatnonzero(end) + 1
+
+
+def _prepared(text: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(bytes padded for `token_hashes`, token starts, token ends) of `text`."""
+    buf = text + _PAD_BYTES
+    starts, ends = _token_bounds(_classes(buf))
+    return np.frombuffer(buf, dtype=np.uint8), starts, ends
+
+
+def token_hashes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Position-independent 64-bit value of each token data[starts[i]:ends[i]], a function of its bytes.
+
+    `data` (uint8) must hold `_PAD` bytes after the last token. A token of up to 8 bytes is its
+    little-endian word masked to its length (injective: a token holds no zero byte but a lone
+    NUL). A longer one XORs in its last 8 bytes mixed with its length, and each whole word
+    between (over 16 bytes) mixed with its position, by fmix64: every byte counts, and only the
+    ~10% of tokens over 8 bytes pay for their length. The shingle fold mixes every token
+    (`fold`), so short ones are not mixed here.
     """
-    if not padded.flags.c_contiguous or len(padded) < _PAD:
-        raise ValueError("token_hashes needs a contiguous buffer padded with 16 bytes")
+    if len(data) < _PAD:
+        raise ValueError("token_hashes needs a buffer padded with 16 bytes")
+    win = _words(data)
     lengths = ends - starts
-    win = np.ndarray((len(padded) - 7,), dtype="<u8", buffer=padded, strides=(1,))  # 8 bytes from every offset
-    with np.errstate(over="ignore"):
-        h = lengths.astype(_U64)
-        h *= _LEN_MIX
-        w0 = win.take(starts)
-        w0 &= _MASKS.take(np.minimum(lengths, 8))
-        h ^= w0
-        long = np.flatnonzero(lengths > 8)
-        if len(long):
-            ls, ll = starts[long], lengths[long]
-            nw = (ll + 7) // 8 - 1  # words after the first
-            seg = np.cumsum(nw) - nw
-            k = np.arange(int(nw.sum())) - np.repeat(seg, nw) + 1
-            w = win.take(np.repeat(ls, nw) + 8 * k)
-            w &= _MASKS.take(np.minimum(np.repeat(ll, nw) - 8 * k, 8))
-            w ^= k.astype(_U64) * _WORD_MIX
-            h[long] ^= np.add.reduceat(_fmix64_inplace(w), seg)
-        return _fmix64_inplace(h)
+    # take() copies a strided view whole, once: cheaper than fancy indexing for every token, but
+    # the long tokens below are few, and fancy indexing reads them without that copy
+    h = win.take(starts)
+    h &= _LEN_MASKS.take(lengths, mode="clip")
+    long = np.flatnonzero(lengths > 8)
+    if len(long):
+        with np.errstate(over="ignore"):
+            # the token's last 8 bytes with its length: 9 to 16 bytes are covered (most long tokens)
+            size = lengths[long]
+            w = win[ends[long] - 8]
+            w ^= size.astype(_U64) * _LEN_MIX
+            h[long] ^= _fmix64_inplace(w)
+            mid = np.flatnonzero(size > 16)
+            if len(mid):  # and every whole word between the first and the last one
+                pos, nw = starts[long[mid]], (size[mid] + 7) // 8 - 2
+                seg = np.cumsum(nw) - nw
+                k = np.arange(int(nw.sum())) - np.repeat(seg, nw) + 1
+                w = win[np.repeat(pos, nw) + 8 * k]
+                w ^= k.astype(_U64) * _WORD_MIX
+                h[long[mid]] ^= np.bitwise_xor.reduceat(_fmix64_inplace(w), seg)
+    return h
 
 
-def token_sequence(text: str | bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(token hashes, start offsets, end offsets) of one text, in order (aligned verification)."""
-    data = as_bytes(text) + b"\n"
-    starts, ends = _bounds(data)
-    padded = np.frombuffer(data + bytes(_PAD), dtype=np.uint8)
-    return token_hashes(padded, starts, ends), starts, ends
+def token_sequence(text: str | bytes) -> tuple[np.ndarray, np.ndarray]:
+    """(token hashes, start offsets) of one text, in order (aligned verification)."""
+    data, starts, ends = _prepared(as_bytes(text) + b"\n")
+    return token_hashes(data, starts, ends), starts
 
 
 def fold(th: np.ndarray, n: int) -> np.ndarray:
-    """Hash of every run of n consecutive token hashes (len(th) - n + 1 values, full 64 bits)."""
+    """Hash of every run of n consecutive token values (len(th) - n + 1 values, full 64 bits):
+    multiply-add each next token, then fmix64, so every run is mixed even where n is 1."""
     m = len(th) - n + 1
     if m <= 0:
         return np.empty(0, _U64)
-    sh = th[:m].copy()
     with np.errstate(over="ignore"):
+        sh = np.multiply(th[:m], _NGRAM_MIX)
         for j in range(1, n):
-            sh *= _NGRAM_MIX
             sh += th[j:j + m]
             _fmix64_inplace(sh)
+            if j < n - 1:
+                sh *= _NGRAM_MIX
+        if n == 1:
+            _fmix64_inplace(sh)
     return sh
+
+
+def run_grams(ngram: int, span_tokens: int) -> int:
+    """How many n-grams, side by side, make a token run of at least `span_tokens` tokens."""
+    return max(1, -(-span_tokens // ngram))
+
+
+def run_values(grams: np.ndarray, positions: np.ndarray, ngram: int, count: int) -> np.ndarray:
+    """48-bit value of the token run starting at each position: the `count` n-grams that tile it
+    (their full-width `fold` values at p, p + n, ...), multiply-added and mixed. The caller
+    makes sure every run lies inside its text."""
+    with np.errstate(over="ignore"):
+        v = grams[positions]
+        for k in range(1, count):
+            v *= _NGRAM_MIX
+            v += grams[positions + k * ngram]
+        return _fmix64_inplace(v) >> _DROP
 
 
 class ShingleSets:
@@ -206,28 +262,29 @@ class ShingleSets:
 
 def _shingle_chunk(docs: list[bytes], ngram: int) -> ShingleSets:
     ndoc = len(docs)
-    joined = b"\n".join(docs) + b"\n"
-    starts, ends = _bounds(joined)
-    th = token_hashes(np.frombuffer(joined + bytes(_PAD), dtype=np.uint8), starts, ends)
+    data, starts, ends = _prepared(b"\n".join(docs) + b"\n")
+    th = token_hashes(data, starts, ends)
     doc_end = np.cumsum(np.fromiter((len(d) + 1 for d in docs), dtype=np.int64, count=ndoc))
-    tdoc = np.searchsorted(doc_end, starts, side="right")  # document of every token
+    tok_end = np.searchsorted(starts, doc_end)  # tokens before each document's end
     sh = fold(th, ngram)
     m = len(sh)
     if m == 0:
         return ShingleSets(np.empty(0, _U64), np.zeros(ndoc + 1, np.int64))
-    sdoc = tdoc[:m]
     sh >>= _DROP
-    sh |= sdoc.astype(_U64) << _DOC_SHIFT
-    if ngram > 1:
-        sh = sh[sdoc == tdoc[ngram - 1:]]  # n-grams that cross a document boundary are not shingles
+    # the document of every n-gram in the top bits; an n-gram that crosses into the next document
+    # is not a shingle: it goes to document `ndoc`, which sorts last and is cut off below
+    per_doc = np.diff(np.minimum(tok_end, m), prepend=0)  # n-grams starting in each document
+    sh |= np.repeat(np.arange(ndoc, dtype=_U64) << _DOC_SHIFT, per_doc)
+    for j in range(1, ngram):
+        cut = tok_end - j
+        sh[cut[(cut >= 0) & (cut < m)]] = _U64(ndoc) << _DOC_SHIFT
     sh.sort()  # by document, then by value: every document's shingles sorted in one pass
-    if len(sh):
-        keep = np.empty(len(sh), dtype=bool)
-        keep[0] = True
-        np.not_equal(sh[1:], sh[:-1], out=keep[1:])
-        sh = sh[keep]
-    doc = (sh >> _DOC_SHIFT).astype(np.int64)
-    offsets = np.searchsorted(doc, np.arange(ndoc + 1))
+    keep = np.empty(m, dtype=bool)
+    keep[0] = True
+    np.not_equal(sh[1:], sh[:-1], out=keep[1:])
+    sh = sh[keep]
+    offsets = np.searchsorted(sh, np.arange(ndoc + 1, dtype=_U64) << _DOC_SHIFT)
+    sh = sh[:offsets[-1]]
     sh &= VALUE_MASK
     return ShingleSets(sh, offsets.astype(np.int64))
 
