@@ -191,6 +191,8 @@ def _spec(name: str, what: str) -> DetectorSpec:
                         fit="ray_tune")
 
 
+# Six twins on purpose: the registry names a detector by module and class ("lr": "expert_ml:LR"),
+# so each kind is a class of its own; they differ only in the kind and its spec.
 class LR(ExpertML):
     kind, spec = "lr", _spec("lr", "logistic regression")
 
