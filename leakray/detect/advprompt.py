@@ -25,7 +25,6 @@ saturates the first layer).
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
@@ -34,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from leakray.detect.datafiles import load_tensors, save_tensors
+from leakray.detect.datafiles import load_tensors, read_meta, save_tensors, write_meta
 from leakray.errors import BadInput
 from leakray.perturb.core import SLOTS, slot_name
 
@@ -216,15 +215,12 @@ class AdvPromptDetector:
         meta = {"format_version": FORMAT_VERSION, "config": self.config.to_dict(), "seed": self.seed,
                 "mean": self.mean.tolist(), "scale": self.scale.tolist(), "n_train": self.n_train,
                 "history": self.history, "features": list(FEATURE_NAMES)}
-        (directory / _CONFIG_FILE).write_text(json.dumps(meta, indent=1))  # last: marks completion
-        return directory
+        return write_meta(directory, _CONFIG_FILE, meta)
 
     @classmethod
     def load(cls, directory: str | Path, device: str | None = None) -> "AdvPromptDetector":
         directory = Path(directory)
-        if not (directory / _CONFIG_FILE).exists():
-            raise BadInput("not a saved advprompt detector", path=str(directory / _CONFIG_FILE))
-        meta = json.loads((directory / _CONFIG_FILE).read_text())
+        meta = read_meta(directory, _CONFIG_FILE, "advprompt detector")
         if meta.get("format_version") != FORMAT_VERSION or meta.get("features") != list(FEATURE_NAMES):
             raise BadInput(f"advprompt format {meta.get('format_version')!r} / features differ from this version",
                            path=str(directory / _CONFIG_FILE))

@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Iterable, Mapping
@@ -25,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from leakray.detect.arrays import scalar_column
+from leakray.detect.datafiles import read_meta, write_meta
 from leakray.errors import BadInput
 from leakray.evaluate.thresholds import DEFAULT_RULE, choose_threshold
 from leakray.schema import C
@@ -214,15 +214,12 @@ class Detector:
         self._save_state(directory)
         meta = {"name": self.spec.name, "params": self.params, "seed": self.seed, "info": self.info,
                 "threshold": self.threshold_}
-        (directory / META_FILE).write_text(json.dumps(meta, indent=1, default=_jsonable))  # last: marks completion
-        return directory
+        return write_meta(directory, META_FILE, meta, default=_jsonable)
 
     @classmethod
     def load(cls, directory: str | Path) -> "Detector":
         directory = Path(directory)
-        if not (directory / META_FILE).exists():
-            raise BadInput("not a saved detector", path=str(directory / META_FILE))
-        meta = json.loads((directory / META_FILE).read_text())
+        meta = read_meta(directory, META_FILE, "detector")
         if meta.get("name") != cls.spec.name:
             raise BadInput(f"saved detector is {meta.get('name')!r}, not {cls.spec.name!r}",
                            path=str(directory / META_FILE))

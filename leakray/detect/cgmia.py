@@ -27,7 +27,6 @@ the final detector's; the cost is k extra fits of the FFN per seed.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -38,7 +37,8 @@ import torch
 from torch import nn
 
 from leakray.detect.arrays import list_column, scalar_column
-from leakray.detect.datafiles import join_state, load_arrays, load_tensors, save_tensors, split_state
+from leakray.detect.datafiles import (join_state, load_arrays, load_tensors, read_meta, save_tensors, split_state,
+                                      write_meta)
 from leakray.errors import BadInput
 from leakray.evaluate.thresholds import DEFAULT_RULE, ThresholdRule, choose_threshold
 from leakray.schema import C
@@ -276,15 +276,12 @@ class CGMIADetector:
         meta = {k: v for k, v in st.items() if k not in ("frozen", "head", "scaler_mean", "scaler_scale")}
         save_tensors(split_state({"frozen": st["frozen"], "head": st["head"]}), directory / _WEIGHTS_FILE)
         np.savez(directory / _SCALER_FILE, mean=self.scaler_mean, scale=self.scaler_scale)
-        (directory / _CONFIG_FILE).write_text(json.dumps(meta, indent=1))  # last: marks completion
-        return directory
+        return write_meta(directory, _CONFIG_FILE, meta)
 
     @classmethod
     def load(cls, directory: str | Path, device: str | None = None) -> "CGMIADetector":
         directory = Path(directory)
-        if not (directory / _CONFIG_FILE).exists():
-            raise BadInput("not a saved CGMIA detector", path=str(directory / _CONFIG_FILE))
-        meta = json.loads((directory / _CONFIG_FILE).read_text())
+        meta = read_meta(directory, _CONFIG_FILE, "CGMIA detector")
         weights = join_state(load_tensors(directory / _WEIGHTS_FILE), ("frozen", "head"))
         sc = load_arrays(directory / _SCALER_FILE)
         meta.update(scaler_mean=sc["mean"], scaler_scale=sc["scale"])

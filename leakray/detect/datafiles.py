@@ -14,6 +14,7 @@ between users) holds can run code when it is loaded.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -31,6 +32,22 @@ TRUSTED_SKLEARN = (
     "sklearn.neural_network._stochastic_optimizers.AdamOptimizer",
     "sklearn.neural_network._stochastic_optimizers.SGDOptimizer",
 )
+
+
+def write_meta(directory: str | Path, name: str, meta: Mapping[str, Any], default=None) -> Path:
+    """``meta`` as JSON in ``directory/name``, written last: its presence marks a complete save.
+    Returns the directory."""
+    directory = Path(directory)
+    (directory / name).write_text(json.dumps(meta, indent=1, default=default))
+    return directory
+
+
+def read_meta(directory: str | Path, name: str, what: str) -> dict[str, Any]:
+    """The JSON ``write_meta`` left in ``directory/name``; without it the directory holds no saved ``what``."""
+    path = Path(directory) / name
+    if not path.exists():
+        raise BadInput(f"not a saved {what}", path=str(path))
+    return json.loads(path.read_text())
 
 
 def save_sklearn(model: Any, path: str | Path) -> Path:

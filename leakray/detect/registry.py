@@ -142,9 +142,6 @@ def make(name: str, params: Mapping[str, Any] | None = None) -> Detector:
 
 def load(directory: str | Path) -> Detector:
     """Load any saved detector: its name is in its detector.json."""
-    import json
+    from leakray.detect.datafiles import read_meta
 
-    meta_path = Path(directory) / META_FILE
-    if not meta_path.exists():
-        raise BadInput("not a saved detector", path=str(meta_path))
-    return detector_class(json.loads(meta_path.read_text())["name"]).load(directory)
+    return detector_class(read_meta(directory, META_FILE, "detector")["name"]).load(directory)
