@@ -93,6 +93,8 @@ class C:
 
 
 def collection_schema() -> pa.Schema:
+    # protocols.detectors.SCORES_SCHEMA is a twin in shape only: another table (a detector's
+    # scores, one row per task, detector and seed) that shares its first column names.
     f32 = pa.float32()
     return pa.schema(
         [

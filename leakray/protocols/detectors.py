@@ -32,6 +32,8 @@ from leakray.schema import C, S
 CGMIA = "cgmia"
 BASELINE_SEED = S.BASELINE_SEED
 
+# schema.collection_schema is a twin in shape only: the collection is another table, whose first
+# column names these share (S.TASK_ID = T.TASK_ID, S.MEMBER = C.MEMBER).
 SCORES_SCHEMA = pa.schema([
     (S.TASK_ID, pa.string()),
     (S.DETECTOR, pa.string()),
