@@ -105,14 +105,22 @@ def type_names(src: str) -> list[str]:
     return [name for name, _ in split_units(src)[1]]
 
 
-MAIN_HARNESS = r"""
+# The frame both harnesses share: the token is taken before any untrusted code runs, and one
+# verdict line goes out on the channel fd whatever the run did (LeakrayReport.send halts the JVM).
+_HARNESS_OPEN = r"""
 public final class LeakrayHarness {
     public static void main(String[] args) throws Exception {
         byte[] token = LeakrayReport.takeToken();  // a local: not reachable by reflection, unlike a field
         java.io.FileOutputStream out = LeakrayReport.channel(args[0]);
         String status;
         try {
-            java.lang.reflect.Method m = Class.forName("Main").getDeclaredMethod("main", String[].class);
+"""
+_HARNESS_CLOSE = r"""        LeakrayReport.send(out, token, status);
+    }
+}
+"""
+
+MAIN_HARNESS = _HARNESS_OPEN + r"""            java.lang.reflect.Method m = Class.forName("Main").getDeclaredMethod("main", String[].class);
             m.setAccessible(true);
             m.invoke(null, (Object) new String[0]);
             status = "passed";
@@ -127,10 +135,7 @@ public final class LeakrayHarness {
             e.printStackTrace();
             status = e instanceof OutOfMemoryError ? "memory" : "failed";
         }
-        LeakrayReport.send(out, token, status);
-    }
-}
-"""
+""" + _HARNESS_CLOSE
 
 JUNIT_HARNESS = r"""
 import org.junit.platform.launcher.Launcher;
@@ -140,14 +145,7 @@ import org.junit.platform.launcher.core.LauncherFactory;
 import org.junit.platform.launcher.listeners.SummaryGeneratingListener;
 import org.junit.platform.launcher.listeners.TestExecutionSummary;
 import org.junit.platform.engine.discovery.DiscoverySelectors;
-
-public final class LeakrayHarness {
-    public static void main(String[] args) throws Exception {
-        byte[] token = LeakrayReport.takeToken();  // a local: not reachable by reflection, unlike a field
-        java.io.FileOutputStream out = LeakrayReport.channel(args[0]);
-        String status;
-        try {
-            LauncherDiscoveryRequestBuilder b = LauncherDiscoveryRequestBuilder.request();
+""" + _HARNESS_OPEN + r"""            LauncherDiscoveryRequestBuilder b = LauncherDiscoveryRequestBuilder.request();
             for (int i = 1; i < args.length; i++) b.selectors(DiscoverySelectors.selectClass(Class.forName(args[i])));
             Launcher launcher = LauncherFactory.create();
             SummaryGeneratingListener listener = new SummaryGeneratingListener();
@@ -165,10 +163,7 @@ public final class LeakrayHarness {
             e.printStackTrace();
             status = e instanceof OutOfMemoryError ? "memory" : "error";
         }
-        LeakrayReport.send(out, token, status);
-    }
-}
-"""
+""" + _HARNESS_CLOSE
 
 REPORT = r"""
 final class LeakrayReport {
