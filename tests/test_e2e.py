@@ -34,7 +34,7 @@ def test_screen_job_submit(ray_head, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(2400)  # generous guard: a killed run, a submitted job and a resume
 def test_simulate_job_submit_then_resume(ray_head, tmp_path, leakray_cache):
     _, _, gcs, env = ray_head
     out, cache = tmp_path / "runs", leakray_cache
@@ -43,7 +43,7 @@ def test_simulate_job_submit_then_resume(ray_head, tmp_path, leakray_cache):
     killed = subprocess.run(
         [sys.executable, "-m", "leakray.cli", "simulate", *SMALL, "--output", str(out), "--address", gcs],
         env=dict(env, LEAKRAY_CACHE=str(cache), LEAKRAY_KILL_IN_STAGE="collect_target", **PLUGIN),
-        capture_output=True, text=True, timeout=600, cwd=ROOT)
+        capture_output=True, text=True, timeout=1500, cwd=ROOT)
     assert killed.returncode == -9, killed.stderr[-3000:]
     (run_dir,) = out.iterdir()
     assert (run_dir / "collect_target" / "partial.tmp").exists()
