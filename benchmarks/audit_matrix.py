@@ -8,6 +8,8 @@ Targets (HumanEval, 164 tasks; members drawn by task with a seed the audit never
 - pretraining mixtures (`leak.mode=pretrain-mix`): the tiny base continued on ~0.9M tokens of clean
   code with 25% of the tasks inserted 4 or 16 times;
 - the clean tiny base served through the OpenAI-compatible endpoint backend (truth 0%);
+- `mixcard-*`: the same kinds of target audited with a card whose shadow carries a
+  pretraining-mixture leak (`leak.mode=pretrain-mix`, each shadow member read 16 times);
 - every target's self-calibrated route again with the *oracle* reference model (the target's own
   pre-leak checkpoint), for comparison with the default non-oracle reference.
 
@@ -40,6 +42,11 @@ TARGETS = {
     "mix-d4": ("tiny", "pretrain-mix", 0.25, 4, "tiny"),
     "mix-d16": ("tiny", "pretrain-mix", 0.25, 16, "tiny"),
     "endpoint-clean": ("tiny", "endpoint", 0.0, 0, "tiny"),
+    # a card whose shadow read its half of the tasks 16 times each in a pretraining mixture
+    "mixcard-d16": ("tiny", "pretrain-mix", 0.25, 16, "tiny+mix16"),
+    "mixcard-d4": ("tiny", "pretrain-mix", 0.25, 4, "tiny+mix16"),
+    "mixcard-clean": ("tiny", "none", 0.0, 0, "tiny+mix16"),
+    "mixcard-twin-20": ("tiny", "finetune", 0.2, 0, "tiny+mix16"),
 }
 LOG = sys.stderr
 MEMBER_SEED = 31  # not the audit's default seeds: the audit cannot know the members
@@ -93,7 +100,10 @@ def build_card(which: str, out: Path) -> Path:
     from leakray.console import Console
     from leakray.protocols.audit import run_audit
 
-    cfg = load_config([AUDIT_DEFAULTS], SETTINGS + [f"model.base={which}", f"output_dir={out / 'runs'}"], AuditConfig)
+    base, _, leak = which.partition("+")  # "tiny+mix16": the shadow's leak is a pretraining mixture, dose 16
+    leak_settings = [f"leak.mode=pretrain-mix", f"leak.dose={int(leak.removeprefix('mix'))}"] if leak else []
+    cfg = load_config([AUDIT_DEFAULTS], SETTINGS + leak_settings + [f"model.base={base}", f"output_dir={out / 'runs'}"],
+                      AuditConfig)
     return run_audit(cfg, Console(stream=LOG), card_only=True)
 
 

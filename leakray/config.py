@@ -165,6 +165,12 @@ class ColumnsConfig(Section):
     # the reference's tokens under a reference model (calibrated-loss attacks): "base" = the model
     # the target was fine-tuned from; an HF id or path; null = off
     reference_model: str | None = "base"
+    # simulate: a second reference that is not the target's own pre-leak checkpoint, so the oracle
+    # (reference_model: base) and a reference a real audit could have sit side by side
+    # (ref_calibrated vs ref_calibrated_nonoracle). "auto": the other local architecture for a
+    # local base (tiny <-> tiny-alt), else off; an HF id or path; null = off (the default: a local
+    # second reference is a second base model to pretrain, minutes the demo does not spend)
+    nonoracle_reference: str | None = None
     upper_case: bool = True  # completions of the upper-cased prompt (BUZZER-b)
     advprompt: bool = True  # AdvPrompt-MIA: 11 proven perturbations, one greedy completion each
     advprompt_seed: int = 0
@@ -177,6 +183,11 @@ class ColumnsConfig(Section):
     @classmethod
     def _reference_model(cls, v: str | None) -> str | None:
         return v if v in (None, "base") else check_model_ref(v, "columns.reference_model")
+
+    @field_validator("nonoracle_reference")
+    @classmethod
+    def _nonoracle_reference(cls, v: str | None) -> str | None:
+        return v if v in (None, "auto") or v in LOCAL_MODELS else check_model_ref(v, "columns.nonoracle_reference")
 
 
 class EmbedConfig(Section):
@@ -398,6 +409,9 @@ class AuditConfig(SimulateConfig):
 
     @model_validator(mode="after")
     def _target_model(self):
+        if self.leak.mode == "dose-sweep":
+            raise ValueError("leak.mode=dose-sweep is a simulate protocol; an audit's shadow (and planted target) "
+                             "takes one leak: finetune or pretrain-mix (with leak.dose)")
         t = self.audit.target
         if t != "planted" and self.sample.backend != "openai":
             check_model_ref(t, "audit.target")

@@ -203,3 +203,31 @@ def test_primary_on_a_tie_is_a_detector_that_learnt_nothing():
     assert choose_primary(card, ["codemi", "ref_loss", "zlib", "cgmia"], None) == "ref_loss"
     assert choose_primary(card, ["codemi", "zlib", "cgmia"], None) == "codemi"  # the best AUC still wins
     assert choose_primary(card, ["codemi", "ref_loss"], "codemi") == "codemi"  # asked for by name
+
+
+def test_a_card_trained_on_a_pretraining_mixture_settles_an_ambiguous_target_with_a_caveat():
+    ambiguous = {"usable": False, "ambiguous": True, "why_unusable": "no group of tasks stands out"}
+    card = {"usable": True, "estimate": 0.22, "ci": [0.1, 0.35]}
+    d = decide(ambiguous, card, card_leak={"mode": "pretrain-mix", "dose": 16})
+    assert d["route"] == "card" and d["estimate"] == 0.22 and d["ci"] == [0.1, 0.35]
+    assert "16 times" in d["caveat"] and d["statement"] is None
+    # a fine-tuned shadow (or a card that does not say how its shadow leaked) still cannot settle it
+    for leak in ({"mode": "finetune", "epochs": 15}, None):
+        assert decide(ambiguous, card, card_leak=leak)["estimate"] is None
+    # an unusable card settles nothing, whatever its shadow saw
+    d = decide(ambiguous, {"usable": False, "why_unusable": "does not transfer"},
+               card_leak={"mode": "pretrain-mix", "dose": 16})
+    assert d["estimate"] is None and "does not transfer" in d["statement"]
+
+
+def test_audit_config_builds_pretrain_mix_shadows_and_refuses_a_dose_sweep():
+    from leakray.config import AUDIT_DEFAULTS, AuditConfig, load_config
+    from leakray.errors import BadInput
+    from leakray.protocols.audit import card_meta, shadow_leak
+
+    cfg = load_config([AUDIT_DEFAULTS], ["leak.mode=pretrain-mix", "leak.dose=16"], AuditConfig)
+    assert shadow_leak(cfg) == {"mode": "pretrain-mix", "dose": 16, "steps": cfg.leak.steps}
+    assert card_meta(cfg, [], "/b")["shadow"]["leak"]["dose"] == 16
+    assert shadow_leak(load_config([AUDIT_DEFAULTS], [], AuditConfig))["mode"] == "finetune"
+    with pytest.raises(BadInput, match="dose-sweep"):
+        load_config([AUDIT_DEFAULTS], ["leak.mode=dose-sweep"], AuditConfig)

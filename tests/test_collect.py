@@ -90,7 +90,7 @@ def test_a_row_that_fails_for_good_goes_to_the_errors_file(tmp_path):
     from leakray.stages.collect import ExtraColumns
 
     stage = SampleStage.__new__(SampleStage)
-    stage.sampler, stage.extra, stage.ref_sampler = _FlakySampler(k=2), ExtraColumns(), None
+    stage.sampler, stage.extra, stage.ref_sampler, stage.alt_sampler = _FlakySampler(k=2), ExtraColumns(), None, None
     table = score_stage(ExecuteStage(timeout_s=10, threads=2)(stage(input_table(tasks, {}, set()))))
     notes = dict(zip(table.column(C.TASK_ID).to_pylist(), table.column(C.NOTES).to_pylist()))
     assert notes["HumanEval/2"] == ["ref_mu_sigma_unavailable", "prompt_truncated_left"]
@@ -121,7 +121,7 @@ def _stage(sampler):
     from leakray.stages.collect import ExtraColumns, SampleStage
 
     stage = SampleStage.__new__(SampleStage)
-    stage.sampler, stage.extra, stage.ref_sampler = sampler, ExtraColumns(), None
+    stage.sampler, stage.extra, stage.ref_sampler, stage.alt_sampler = sampler, ExtraColumns(), None, None
     return stage
 
 

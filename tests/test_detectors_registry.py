@@ -27,7 +27,8 @@ def _auc(table, name):
 
 def test_registry_lists_every_detector_with_a_valid_spec():
     names = registry.names()
-    assert len(names) == len(set(names)) == 28  # the three memory probes and text_combined joined
+    # the three memory probes and text_combined joined; then ref_calibrated against a non-oracle reference
+    assert len(names) == len(set(names)) == 29
     schema_cols = set(collection_schema().names)
     for name in names:
         spec = registry.spec(name)
@@ -78,9 +79,17 @@ def test_zlib_ref_calibrated_cdd_buzzer_definitions():
     t = _lists(C.REF_TOKEN_LOGPROBS, [[-1.0, -3.0]]).append_column(
         C.REFMODEL_TOKEN_LOGPROBS, pa.array([[-2.0, -4.0]], pa.list_(pa.float32())))
     assert registry.make("ref_calibrated").score(t)[0] == pytest.approx(1.0)
-    with pytest.raises(BadInput, match="tokens"):
+    # a reference model with another tokenizer (one token for the same text): the likelihood ratio
+    # of the whole text per target token, (-4 - -2) / 2 = -1
+    assert registry.make("ref_calibrated").score(t.set_column(1, C.REFMODEL_TOKEN_LOGPROBS,
+                                                              pa.array([[-2.0]], pa.list_(pa.float32()))))[0] \
+        == pytest.approx(-1.0)
+    # the same statistic against simulate's second (non-oracle) reference model, read from its own column
+    alt = t.append_column(C.REFALT_TOKEN_LOGPROBS, pa.array([[-1.0, -2.0, -3.0]], pa.list_(pa.float32())))
+    assert registry.make("ref_calibrated_nonoracle").score(alt)[0] == pytest.approx((-4.0 + 6.0) / 2)
+    with pytest.raises(BadInput, match="at least 1"):  # an unscored reference is an error, not a score
         registry.make("ref_calibrated").score(t.set_column(1, C.REFMODEL_TOKEN_LOGPROBS,
-                                                           pa.array([[-2.0]], pa.list_(pa.float32()))))
+                                                           pa.array([[]], pa.list_(pa.float32()))))
     # 20 tokens per sample -> bound alpha*l = 1 edit: pairs (a,a) and (a,a') are close, (b, *) not
     a = "x = 1 + 2 + 3 + 4 + 5 + 6 + 7 + 8 + 9 + 0"
     assert len(__import__("leakray.features.expert", fromlist=["x"]).code_tokens(a)) == 21

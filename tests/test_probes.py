@@ -284,3 +284,20 @@ def test_vllm_probe_is_one_greedy_call_without_logprobs(monkeypatch, tmp_path):
     assert got == ["\n    return 1\n"] * 3 and s.llm.calls[-1][0] == 3  # one call for the task's texts
     assert all(p["n"] == 1 and p["temperature"] == 0.0 and p["max_tokens"] == 16 and p["logprobs"] is None
                for p in seen[-3:])
+
+
+def test_oracle_and_non_oracle_references_score_side_by_side(memorised, tiny_lm):
+    """simulate's two references: the oracle (the memorised model's own base) and a second one
+    filled into its own column; with the same model as both, the two detectors agree exactly,
+    and the memorised task stands out against its base."""
+    from leakray.models.sampler import SampleConfig
+    from leakray.stages.collect import ExtraColumns, SampleStage, finalize
+
+    base = str(tiny_lm[0])
+    stage = SampleStage(memorised, SampleConfig(k=1, max_new_tokens=8),
+                        ExtraColumns(reference_model=base, alt_reference_model=base))
+    table = finalize(stage(_tasks()))
+    assert table.column(C.REFALT_TOKEN_LOGPROBS).to_pylist() == table.column(C.REFMODEL_TOKEN_LOGPROBS).to_pylist()
+    oracle = registry.make("ref_calibrated").score(table)
+    np.testing.assert_allclose(registry.make("ref_calibrated_nonoracle").score(table), oracle)
+    assert oracle[0] > oracle[1]

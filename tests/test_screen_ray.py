@@ -27,6 +27,10 @@ def test_screen_on_local_ray_matches_local_engine(tmp_path):
     (corpus / "broken.parquet").write_bytes(b"PAR1 garbage")
     args = ["screen", "--benchmark", f"humaneval={FIX / 'humaneval.jsonl'}", "--benchmark",
             f"mbpp={FIX / 'mbpp.jsonl'}", "--corpus", str(corpus)]
+    if ray.is_initialized():  # an earlier test's in-process run left its Ray up: this test wants one CPU
+        from leakray.executor.runtime import shutdown_ray
+
+        shutdown_ray()
     ray.init(address="local", num_cpus=1, include_dashboard=False, configure_logging=False)
     try:
         assert main(args + ["--output", str(tmp_path / "ray")]) == 0

@@ -167,8 +167,10 @@ def s3_uri():
 def ray_with_creds(s3_uri):
     import ray
 
-    if ray.is_initialized():
-        ray.shutdown()
+    if ray.is_initialized():  # an earlier in-process run's Ray: this fixture's workers need the credentials
+        from leakray.executor.runtime import shutdown_ray
+
+        shutdown_ray()
     # workers resolve S3 credentials from their own environment (a pickled S3FileSystem carries none)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": CREDS})
     yield

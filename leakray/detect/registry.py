@@ -27,6 +27,7 @@ _ENTRIES = {
     "min_k_pp": "min_k_pp:MinKPlusPlus",
     "zlib": "zlib_ratio:ZlibRatio",
     "ref_calibrated": "ref_calibrated:RefCalibrated",
+    "ref_calibrated_nonoracle": "ref_calibrated_nonoracle:RefCalibratedNonOracle",
     # generation only (the k completions)
     "detectleak": "detectleak:DetectLeak",
     "gt_match": "gt_match:GTMatch",

@@ -9,8 +9,8 @@ Two routes estimate the leaked fraction:
 
 `auto` prints the self-calibrated estimate when its checks hold; else the card's when the card
 transfers — unless the self-calibrated route found the target's scores ambiguous (one normal fits:
-clean, or a faint leak), which no card of a stronger leak can settle; else no number, with the
-reasons. The verdicts come from the route that printed
+clean, or a faint leak), which no card of a stronger leak can settle (a card whose shadow carries a
+pretraining-mixture leak can, with a caveat naming its dose); else no number, with the reasons. The verdicts come from the route that printed
 the number: 'suspected' is controlled by a false-discovery rate across the benchmark, so a
 benchmark estimated at 0% leaked flags (almost) nothing.
 """
@@ -54,12 +54,29 @@ def card_estimate(target_score, val_y, val_s, prob, train_prior: float, *, fdr: 
     return out
 
 
-def decide(selfcal_result: dict | None, card_result: dict | None, route: str = "auto") -> dict:
+def knows_faint_leaks(card_leak: dict | None) -> bool:
+    """A card whose shadow read its members a few times among clean pretraining data has seen
+    members that score near its non-members: its rates count faint leaks. A fine-tuned shadow's
+    (or a card that does not say) have not."""
+    return bool(card_leak) and card_leak.get("mode") == "pretrain-mix"
+
+
+def decide(selfcal_result: dict | None, card_result: dict | None, route: str = "auto",
+           card_leak: dict | None = None) -> dict:
     """The leaked fraction the audit prints (or the statement that it cannot), and which route's
-    verdicts the per-sample table uses."""
+    verdicts the per-sample table uses. ``card_leak``: how the card's shadow saw its members."""
     options = {"self-calibrated": selfcal_result, "card": card_result}
     order = ["self-calibrated", "card"] if route == "auto" else [route]
     reasons = []
+    if route == "auto" and selfcal_result and selfcal_result.get("ambiguous") and card_result \
+            and card_result.get("usable") and knows_faint_leaks(card_leak):
+        # The target's own scores leave a faint leak open, and this card was trained on one: its cut,
+        # TPR and FPR were measured on members read `dose` times, so its count settles the question
+        # for leaks about that strong (members read fewer times are undercounted: the caveat says so).
+        return {"route": "card", "estimate": card_result["estimate"], "ci": card_result["ci"], "statement": None,
+                "caveat": (f"the card's shadow read each member {card_leak.get('dose')} times in pretraining: the "
+                           "estimate counts leaks about that strong or stronger; members read fewer times are "
+                           "undercounted")}
     if route == "auto" and selfcal_result and selfcal_result.get("ambiguous") and card_result \
             and card_result.get("usable"):
         # The card only knows its shadow's leak (e.g. 15 epochs): members read a few times score like

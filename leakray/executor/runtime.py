@@ -9,12 +9,19 @@ import logging
 import os
 from pathlib import Path
 
+# The address of the local instance ensure_ray started (exported as RAY_ADDRESS for Ray Train's
+# helper actors). Once that instance is shut down the variable is stale, not a cluster to join.
+_OWN_ADDRESS: str | None = None
+
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None, *, verbose: bool = True,
                log_dir: Path | None = None) -> None:
     import ray
 
+    global _OWN_ADDRESS
     if not ray.is_initialized():
+        if _OWN_ADDRESS is not None and os.environ.get("RAY_ADDRESS") == _OWN_ADDRESS:
+            del os.environ["RAY_ADDRESS"]
         kwargs = {"ignore_reinit_error": True, "log_to_driver": verbose,
                   "logging_level": logging.INFO if verbose else logging.WARNING}
         if address or os.environ.get("RAY_ADDRESS"):
@@ -23,7 +30,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, *, verbo
             ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
             # Ray Train's helper actors look the cluster up by address; with several local
             # instances on one machine (parallel test runs) auto-discovery is ambiguous.
-            os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+            os.environ["RAY_ADDRESS"] = _OWN_ADDRESS = ray.get_runtime_context().gcs_address
     from ray.data import DataContext
 
     ctx = DataContext.get_current()
@@ -46,6 +53,9 @@ def run_task(fn, *args, engine: str = "local", num_gpus: float = 0, num_cpus: fl
         return fn(*args)
     import ray
 
+    if not ray.is_initialized():
+        ensure_ray(verbose=False)
+
     return ray.get(ray.remote(num_gpus=num_gpus, num_cpus=num_cpus)(fn).remote(*args))
 
 
@@ -56,6 +66,9 @@ def map_tasks(fn, items: list, *shared, engine: str = "local", num_cpus: float =
     if engine == "local" or not items:
         return [fn(item, *shared) for item in items]
     import ray
+
+    if not ray.is_initialized():  # not Ray's implicit init on the first .remote(): ours is quiet and known
+        ensure_ray(verbose=False)
 
     refs = [ray.put(x) for x in shared]
     opts = {"num_cpus": num_cpus, **({"runtime_env": {"env_vars": env}} if env else {})}
@@ -78,3 +91,15 @@ def _link_session_logs(log_dir: Path) -> None:
     if link.is_symlink() or link.exists():
         link.unlink()
     link.symlink_to(target, target_is_directory=True)
+
+
+def shutdown_ray() -> None:
+    """Shut this process's Ray down and forget the address ensure_ray exported for it (a child
+    process started later must not try to join a cluster that is gone)."""
+    import ray
+
+    global _OWN_ADDRESS
+    ray.shutdown()
+    if _OWN_ADDRESS is not None and os.environ.get("RAY_ADDRESS") == _OWN_ADDRESS:
+        del os.environ["RAY_ADDRESS"]
+    _OWN_ADDRESS = None

@@ -73,16 +73,23 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
 
     def finetune(role: str, members_key: str):
         def run(out: Path) -> dict:
-            from leakray.executor.train import finetune_on_ray
-
             members = set(split()[members_key])
             texts = [training_text(t) for t in tasks if t[T.TASK_ID] in members]
             base = runner.info["base"]["path"] if role == "shadow" else model_path(cfg, planted_base(cfg))
             if not texts:  # a planted fraction of 0: the target is the base itself
                 return {"rows_in": 0, "rows_out": 0, "model": base}
-            stats = finetune_on_ray(base, texts, to_stage(getattr(cfg, role)), out / "model",
-                                    name=f"audit-{role}-{runner.run_dir.name}", storage=runner.run_dir / "ray_train",
-                                    num_workers=cfg.ray.train_workers, use_gpu=cfg.ray.use_gpu)
+            common = {"name": f"audit-{role}-{runner.run_dir.name}", "storage": runner.run_dir / "ray_train",
+                      "num_workers": cfg.ray.train_workers, "use_gpu": cfg.ray.use_gpu}
+            if cfg.leak.mode == "pretrain-mix":  # each member read `leak.dose` times among clean code
+                from leakray.executor.leak_train import pretrain_mix_on_ray
+                from leakray.leak.corpus import clean_corpus
+
+                corpus, _ = clean_corpus(tasks, cfg.leak.corpus_max_bytes, cfg.leak.seed)
+                stats = pretrain_mix_on_ray(base, corpus, texts, cfg.leak.mix(role=role), out / "model", **common)
+            else:
+                from leakray.executor.train import finetune_on_ray
+
+                stats = finetune_on_ray(base, texts, to_stage(getattr(cfg, role)), out / "model", **common)
             return {"rows_in": len(texts), "rows_out": len(texts), "model": str(out / "model"), **stats}
         return run
 
@@ -151,7 +158,7 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
     if card_dir is None:
         stages += [
             StageSpec("shadow", finetune("shadow", "shadow_members"),
-                      lambda i: f"fine-tuned on {i['rows_in']} tasks, final loss {i.get('final_loss')}"),
+                      lambda i: f"{leak_kind(cfg)} on {i['rows_in']} tasks, final loss {i.get('final_loss')}"),
             StageSpec("collect_shadow", collect(lambda: runner.info["shadow"]["model"],
                                                 lambda: set(split()["shadow_members"]),
                                                 reference_for(cfg, cfg.model.base)),
@@ -162,7 +169,7 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
         return stages
     if planted:
         stages.append(StageSpec("target", finetune("target", "planted_members"),
-                                lambda i: f"planted leak: fine-tuned on {i['rows_in']} tasks"))
+                                lambda i: f"planted leak: {leak_kind(cfg)} on {i['rows_in']} tasks"))
     stages.append(StageSpec("collect_target", collect(target_model, planted_members, target_reference(cfg)),
                             lambda i: f"{i.get('rows_out')} tasks, {i.get('exec_status')}"))
     if a.rewrites:
@@ -172,6 +179,17 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
     if a.corpus:
         stages.append(StageSpec("screen", screen_stage, lambda i: f"{i['rows_out']} samples with a near-duplicate"))
     return stages
+
+
+def leak_kind(cfg: AuditConfig) -> str:
+    return f"pretraining mixture, each member {cfg.leak.dose}x" if cfg.leak.mode == "pretrain-mix" else "fine-tuned"
+
+
+def shadow_leak(cfg: AuditConfig) -> dict:
+    """How the shadow (and a planted target) saw its members: the strength of leak a card knows."""
+    if cfg.leak.mode == "pretrain-mix":
+        return {"mode": "pretrain-mix", "dose": cfg.leak.dose, "steps": cfg.leak.steps}
+    return {"mode": "finetune", "epochs": cfg.shadow.epochs}
 
 
 def reference_for(cfg: AuditConfig, base: str) -> str:
@@ -201,7 +219,7 @@ def card_meta(cfg: AuditConfig, tasks: list[dict], base_path: str) -> dict:
         "benchmark": {"name": cfg.benchmark.name, "n_tasks": len(tasks),
                       "digest": content_hash([[t[T.TASK_ID], t[T.REFERENCE]] for t in tasks])},
         "shadow": {"base": cfg.model.base, "base_path": base_path, "finetune": cfg.shadow.model_dump(),
-                   "shadow_seed": cfg.audit.shadow_seed},
+                   "shadow_seed": cfg.audit.shadow_seed, "leak": shadow_leak(cfg)},
         "collection": collection_settings(cfg, reference_for(cfg, cfg.model.base)),
         "validation_share": cfg.audit.validation_share, "calibration_method": cfg.audit.calibration,
         "fpr": cfg.audit.fpr, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -240,6 +258,8 @@ def run_audit(cfg: AuditConfig, console: Console | None = None, card_only: bool 
         hashed = cfg.model_dump(include={"benchmark", "model", "shadow", "sample", "columns", "embed", "detect"})
         hashed["audit"] = cfg.audit.model_dump(include={"shadow_seed", "validation_share", "calibration", "fpr",
                                                         "reference_model"})
+        if cfg.leak.mode != "finetune":  # (fine-tune cards keep the names they had before leak kinds)
+            hashed["leak"] = cfg.leak.model_dump()
         name = f"card-{cfg.benchmark.name}-{content_hash(hashed, digest)}"
     else:
         name = f"audit-{cfg.benchmark.name}-{content_hash(cfg.hashed(), digest, card_id)}"
@@ -265,7 +285,8 @@ def run_audit(cfg: AuditConfig, console: Console | None = None, card_only: bool 
         console.warn(lf["statement"])
     else:
         console.say(f"leaked fraction {lf['estimate']:.1%} (95% CI {_pct(lf['ci'][0])}–{_pct(lf['ci'][1])}, "
-                    f"{lf['route']} route); verdicts {report['summary']['verdicts']}")
+                    f"{lf['route']} route); verdicts {report['summary']['verdicts']}"
+                    + (f"; {lf['caveat']}" if lf.get("caveat") else ""))
     console.say(f"report: {store.location}/report.html")
     return run_dir
 

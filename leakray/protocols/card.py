@@ -35,9 +35,14 @@ def build_card(shadow: pa.Table, cfg, out: Path, *, storage: Path, meta: dict) -
 
     a, d = cfg.audit, cfg.detect
     fit, val = stratified_half(shadow, a.validation_share, a.shadow_seed)
+    detectors = learned_detectors(cfg)
+    if detectors == "all":  # an audit's reference model is never the oracle: simulate's second one has no place
+        from leakray.detect import registry
+
+        detectors = [n for n in registry.names() if n != "ref_calibrated_nonoracle"]
     result = evaluate_detectors(fit, val, d.cgmia_config(), d.seeds, use_ray_train=d.use_ray_train,
                                 storage_path=storage, save_dir=out / DETECTORS_DIR, threshold_rule=d.threshold_rule,
-                                bootstrap=d.bootstrap, detectors=learned_detectors(cfg), detector_params=d.params,
+                                bootstrap=d.bootstrap, detectors=detectors, detector_params=d.params,
                                 trace_memory=d.trace_memory, parallel=d.parallel)
     scores = result["scores"].to_pandas()
     calibration, quality, cuts = {}, {}, {}

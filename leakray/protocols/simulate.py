@@ -15,14 +15,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from leakray.config import SimulateConfig, to_stage
+from leakray.config import LOCAL_MODELS, SimulateConfig, to_stage
 from leakray.console import Console
 from leakray.data.folds import assign_folds
 from leakray.data.registry import load_benchmark
 from leakray.data.tasks import continuation, program_of
 from leakray.errors import BadInput
 from leakray.runs import StageRunner, StageSpec, content_hash, write_json_atomic
-from leakray.schema import T
+from leakray.schema import C, T
 
 ROLES = {"target": (0, 1), "shadow": (2, 3)}  # role -> (member fold, non-member fold): D1/D2, D3/D4
 
@@ -57,7 +57,8 @@ def collect_config(cfg: SimulateConfig, base_path: str | None = None):
     r, gpu = cfg.ray, cfg.ray.use_gpu
     ref_model = base_path if cfg.columns.reference_model == "base" else cfg.columns.reference_model
     return CollectConfig(
-        extra=ExtraColumns(reference_model=ref_model, upper_case=wants_upper_case(cfg),
+        extra=ExtraColumns(reference_model=ref_model, alt_reference_model=nonoracle_reference(cfg),
+                           upper_case=wants_upper_case(cfg),
                            advprompt=wants_advprompt(cfg), probes=wanted_probes(cfg),
                            probe_tokens=cfg.columns.probe_tokens),
         sample=to_stage(cfg.sample), execute_timeout_s=cfg.execute.timeout_s, execute_threads=cfg.execute.threads,
@@ -69,6 +70,21 @@ def collect_config(cfg: SimulateConfig, base_path: str | None = None):
         embed_resources=StageResources(r.embed_actors, 0.0, 0.25 if gpu else 0.0),
         batch_size=cfg.sample.batch_size,
     )
+
+
+def nonoracle_reference(cfg: SimulateConfig) -> str | None:
+    """The second reference model's path, when the first is the oracle (the target's own pre-leak
+    checkpoint) and a requested detector reads it: "auto" = the other local architecture."""
+    from leakray.protocols.collection import reads_any
+
+    name = cfg.columns.nonoracle_reference
+    if name is None or cfg.columns.reference_model != "base" or not reads_any(cfg, {C.REFALT_TOKEN_LOGPROBS}):
+        return None
+    if name == "auto":
+        if cfg.model.base not in LOCAL_MODELS:
+            return None
+        name = LOCAL_MODELS[1 - LOCAL_MODELS.index(cfg.model.base)]
+    return model_path(cfg, name)
 
 
 def base_model(cfg: SimulateConfig, which: str = "base") -> tuple[str, dict]:
@@ -192,7 +208,8 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
             model_path, ccfg.sample.lora_adapter = sampling_source(
                 str(runner.dir(role) / "model"), runner.info[role], base_of(role), ccfg.sample)
             stats = collection.collect_to(table, model_path, ccfg, out)
-            return {**stats, "isolation": isolation}
+            return {**stats, "isolation": isolation, "reference_model": ccfg.extra.reference_model,
+                    "nonoracle_reference": ccfg.extra.alt_reference_model}
         return run
 
     def detect_stage(out: Path) -> dict:

@@ -139,7 +139,7 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
     card_result = card_estimate(score, val_y, val_s, prob, float(val_y.mean()), fdr=a.fdr, seed=a.shadow_seed,
                                 n_boot=min(a.bootstrap, 200))
     selfcal_result = self_calibrated(target, a)
-    decision = decide(selfcal_result, card_result, a.route)
+    decision = decide(selfcal_result, card_result, a.route, card_leak=card.meta["shadow"].get("leak"))
     suspected = flags_of(decision, selfcal_result, card_result, len(task_ids)) & ~confirmed
     verdict = np.where(confirmed, "confirmed", np.where(suspected, "suspected", "clean"))
     if (member >= 0).all():
@@ -342,7 +342,8 @@ def render_markdown(r: dict) -> str:
     else:
         head = (f"**Estimated leaked fraction: {_f(lf['estimate'], True)}** (95% CI {_f(lf['ci'][0], True)}–"
                 f"{_f(lf['ci'][1], True)}; {lf['route']} route)"
-                + (f"; planted truth {_f(lf['truth'], True)}" if lf.get("truth") is not None else ""))
+                + (f"; planted truth {_f(lf['truth'], True)}" if lf.get("truth") is not None else "")
+                + (f". {lf['caveat'][0].upper()}{lf['caveat'][1:]}." if lf.get("caveat") else ""))
     null = i.get("null") or {}
     lines = [
         f"# {r['title']}", "", head, "",

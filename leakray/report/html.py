@@ -286,7 +286,8 @@ def _summary_cards(summary: Mapping) -> str:
                          " · ".join(x for x in (_interval(lf.get("ci"), pct), f"route: {fmt(lf.get('route'))}") if x)
                          + (f" · truth {pct(lf.get('truth'))}" if _num(lf.get("truth")) is not None else "")
                          + (f" · confirmed share {pct(lf.get('confirmed_share'))}"
-                            if _num(lf.get("confirmed_share")) is not None else ""))
+                            if _num(lf.get("confirmed_share")) is not None else "")
+                         + (f"<br>{escape(lf['caveat'])}" if lf.get("caveat") else ""))
     routes = _card("the two routes", f"{pct(sc.get('estimate'))} / {pct(cr.get('estimate'))}",
                    f"self-calibrated (reference model {escape(str(summary.get('reference_model')))}) / card ("
                    + ("transfers" if (cr.get("transfer") or {}).get("ok") else "does not transfer") + ")"

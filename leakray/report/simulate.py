@@ -99,6 +99,16 @@ def isolation_of(stages: dict) -> dict:
     return {name: stages[name].get("isolation") for name in COLLECT_STAGES if name in stages}
 
 
+def reference_models(collect_target: dict, metrics: dict) -> dict | None:
+    """The calibrated attack against both references, side by side: the oracle (the target's own
+    pre-leak checkpoint, which a real audit never has) and one an auditor could have."""
+    oracle, other = collect_target.get("reference_model"), collect_target.get("nonoracle_reference")
+    if not oracle:
+        return None
+    auc = {n: (metrics.get("median", {}).get(n) or {}).get("auc") for n in ("ref_calibrated", "ref_calibrated_nonoracle")}
+    return {"oracle": oracle, "nonoracle": other, "auc": auc}
+
+
 def write_report(run_dir: Path, cfg: dict, timings: dict) -> dict:
     stages = _stage_info(run_dir)
     metrics = json.loads((run_dir / "detect" / "metrics.json").read_text())
@@ -117,6 +127,7 @@ def write_report(run_dir: Path, cfg: dict, timings: dict) -> dict:
         "detectors": detector_summary(metrics),
         "detectors_full": metrics,
         "skipped": metrics.get("skipped", {}),
+        "reference_models": reference_models(stages.get("collect_target", {}), metrics),
         "leak": {"target": leak_summary(target), "shadow": leak_summary(shadow)},
         "stages": stage_stats(stages),
         "timings_s": {**{name: info.get("seconds") for name, info in stages.items()},
@@ -252,6 +263,16 @@ def render_markdown(r: dict) -> str:
     lines += ["", "Sorted by AUC. Wall time covers fit, threshold and scoring over all seeds; "
               + ((r.get("detectors_full") or {}).get("cost_note") or "")]
     lines += [f"- **{name}** skipped: {why}" for name, why in (r.get("skipped") or {}).items()]
+    refs = r.get("reference_models")
+    if refs:
+        auc = refs["auc"]
+        lines += ["", f"Reference models: `ref_calibrated` calibrates against the oracle, the target's own "
+                      f"pre-leak checkpoint (`{refs['oracle']}`; AUC {_fmt(auc.get('ref_calibrated'))}), which a "
+                      "real audit never has; "
+                  + (f"`ref_calibrated_nonoracle` against `{refs['nonoracle']}` (AUC "
+                     f"{_fmt(auc.get('ref_calibrated_nonoracle'))}), a reference an auditor could have."
+                     if refs.get("nonoracle") else "no non-oracle reference was scored: set "
+                     "columns.nonoracle_reference=auto (the other local architecture) or a model to compare.")]
     lines += ["", *_threshold_lines(r), "", _low_fpr_note(r),
               "A seed is degenerate when its decisions put every target row in one class (a confusion-matrix "
               "margin is empty); its MCC counts as 0 in the median."]

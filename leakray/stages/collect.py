@@ -89,6 +89,7 @@ class ExtraColumns:
     """Optional collection columns and what they cost: each is one more pass of the model."""
 
     reference_model: str | None = None  # path: score the reference under it too (calibrated attacks)
+    alt_reference_model: str | None = None  # path: and under a second, non-oracle reference model
     upper_case: bool = False  # k completions of the upper-cased prompt (BUZZER-b)
     advprompt: bool = False  # one greedy completion per AdvPrompt variant (input column adv_prompts)
     # text-only memory probes (leakray.features.probes.PROBES): one batched greedy call each per task
@@ -110,6 +111,9 @@ class SampleStage:
         self.ref_sampler = None
         if self.extra.reference_model:
             self.ref_sampler = make_sampler(self.extra.reference_model, replace(sample, backend="hf"))
+        self.alt_sampler = None
+        if self.extra.alt_reference_model:
+            self.alt_sampler = make_sampler(self.extra.alt_reference_model, replace(sample, backend="hf"))
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         fault_barrier("SampleStage")
@@ -135,6 +139,7 @@ class SampleStage:
         names = [C.COMPLETIONS, C.PERPLEXITY, C.N_TOKENS, C.REF_LOSS, C.REF_TOKEN_LOGPROBS, C.REF_TOKEN_MU,
                  C.REF_TOKEN_SIGMA, C.REF_TOKEN_RANK]
         names += [C.REFMODEL_TOKEN_LOGPROBS] if self.ref_sampler is not None else []
+        names += [C.REFALT_TOKEN_LOGPROBS] if self.alt_sampler is not None else []
         names += [C.UPPER_COMPLETIONS, C.UPPER_PERPLEXITY] if self.extra.upper_case else []
         names += [C.ADV_COMPLETIONS, C.ADV_PERPLEXITY] if adv else []
         names += [c for name in self.extra.probes for c in PROBE_COLUMNS[name]]
@@ -163,6 +168,10 @@ class SampleStage:
             (base,) = self.ref_sampler.reference_scores([prompt], [ref])
             row[C.REFMODEL_TOKEN_LOGPROBS] = base.logprobs
             notes += [f"refmodel_{n}" for n in base.notes]
+        if self.alt_sampler is not None:
+            (alt,) = self.alt_sampler.reference_scores([prompt], [ref])
+            row[C.REFALT_TOKEN_LOGPROBS] = alt.logprobs
+            notes += [f"refalt_{n}" for n in alt.notes]
         if self.extra.upper_case and not row_failed(notes):
             from leakray.perturb.case import uppercase_prompt
 
