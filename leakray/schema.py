@@ -90,6 +90,8 @@ class C:
     GREEDY_COMPLETION = "greedy_completion"  # string: the greedy completion of the prompt
     REWRITES = "rewrites"  # list<string>: continuations of rewrites renaming the solution's locals ([]: none)
     PROBE_SECONDS = "probe_seconds"  # list<float>[3]: wall time of the prefix, mask, greedy probes (0: off)
+    # list<float>[len(PARTS)]: this row's share of each collection part's busy time (stages.collect.PARTS)
+    PART_SECONDS = "part_seconds"
 
     # The expert vector's blocks, in order; each block has k entries.
     EXPERT_BLOCKS = (PERPLEXITY, CODEBLEU, EDIT_DISTANCE, PASSED)
@@ -141,6 +143,7 @@ def collection_schema() -> pa.Schema:
             (C.GREEDY_COMPLETION, pa.string()),
             (C.REWRITES, pa.list_(pa.string())),
             (C.PROBE_SECONDS, pa.list_(f32)),
+            (C.PART_SECONDS, pa.list_(f32)),
         ]
     )
 

@@ -1,6 +1,7 @@
 """The collection stages on tiny inputs, in-process (no Ray)."""
 
 import pyarrow as pa
+import pytest
 
 from leakray.data.humaneval import read_humaneval
 from leakray.data.tasks import continuation
@@ -43,6 +44,14 @@ def test_collect_local_writes_the_collection_schema(tiny_lm):
     d = len(row[C.REF_EMBEDDING])
     assert d == 384 and len(row[C.GEN_EMBEDDING]) == 2 * d
     assert row[C.REF_LOSS] > 0
+    # where the time went: every part ran (the model and encoder loads with the first batch)
+    from leakray.stages.collect import PARTS, collection_stats
+
+    parts = collection_stats(out, 1.0)["part_seconds"]
+    assert set(parts) == set(PARTS) and parts["extra_passes"] == 0.0  # no upper case, variants, probes
+    assert all(parts[p] > 0 for p in ("load", "sample", "reference", "execute", "score", "embed")), parts
+    assert sum(parts.values()) == pytest.approx(sum(map(sum, out.column(C.PART_SECONDS).to_pylist())), abs=0.05)
+    assert collection_stats(out, 1.0)["throughput"]["generated_tokens_per_s"] > 0
 
 
 def test_finalize_drops_retried_duplicates():

@@ -150,3 +150,5 @@ def test_a_run_ends_with_its_total_and_its_slowest_stages(tmp_path):
     info = {"b": {"seconds": 3.0}, "c": {"seconds": 40.0}, "d": {"seconds": 7.0}, "e": {"seconds": 1.0}}
     assert time_line(info, 61.2) == "total 61 s; slowest: c 40 s, d 7 s, b 3 s"
     assert time_line({}, 2.0) == "total 2 s (every stage was already done)"
+    info["c"]["part_seconds"] = {"load": 2.0, "sample": 30.5, "execute": 6.0, "embed": 0.0}
+    assert time_line(info, 61.2).endswith("; slowest parts (busy time): c/sample 30 s, c/execute 6 s, c/load 2 s")

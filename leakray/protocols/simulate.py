@@ -353,7 +353,12 @@ def time_line(ran_now: dict[str, dict], total_s: float, top: int = 3) -> str:
     stage cost nothing now and is left out)."""
     ran = sorted(((i.get("seconds") or 0.0, name) for name, i in ran_now.items()), reverse=True)
     slow = ", ".join(f"{name} {s:.0f} s" for s, name in ran[:top])
-    return f"total {total_s:.0f} s" + (f"; slowest: {slow}" if slow else " (every stage was already done)")
+    # inside the collections: each part's busy time (summed over workers, so parts overlap)
+    parts = sorted(((s, f"{name}/{part}") for name, i in ran_now.items()
+                    for part, s in (i.get("part_seconds") or {}).items() if s), reverse=True)
+    busy = ", ".join(f"{name} {s:.0f} s" for s, name in parts[:top])
+    return (f"total {total_s:.0f} s" + (f"; slowest: {slow}" if slow else " (every stage was already done)")
+            + (f"; slowest parts (busy time): {busy}" if busy else ""))
 
 
 def _num(v) -> str:

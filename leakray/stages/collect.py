@@ -53,6 +53,35 @@ def fault_barrier(stage: str) -> None:
         time.sleep(0.1)
 
 
+# Where a collection's time goes, per row: model loads (attributed to the first batch a worker
+# takes), the k samples, the reference's scores (under the model and the reference models), the
+# extra passes (upper case, AdvPrompt variants, probes), the sandbox, CodeBLEU and the expert
+# features, the encoder. Summed over rows: each part's busy time, wherever and however in
+# parallel it ran (`collection_stats` turns them into seconds and throughputs).
+PARTS = ("load", "sample", "reference", "extra_passes", "execute", "score", "embed")
+
+
+def _add_part_seconds(batch: pa.Table, seconds: dict[str, list[float]]) -> pa.Table:
+    """Add per-row seconds to the batch's part_seconds column (created at the first step)."""
+    n = batch.num_rows
+    rows = _col(batch, C.PART_SECONDS) if C.PART_SECONDS in batch.column_names else [None] * n
+    rows = [list(r) if r else [0.0] * len(PARTS) for r in rows]
+    for part, values in seconds.items():
+        j = PARTS.index(part)
+        for r, v in zip(rows, values):
+            r[j] += v
+    return _with(batch, {C.PART_SECONDS: rows})
+
+
+def _timed_batch(part: str, load: float, t0: float, batch: pa.Table) -> pa.Table:
+    """A whole-batch step's time (and a pending model load), split evenly over its rows."""
+    n = max(1, batch.num_rows)
+    spent = {part: [(time.perf_counter() - t0) / n] * batch.num_rows}
+    if load:
+        spent["load"] = [load / n] * batch.num_rows
+    return _add_part_seconds(batch, spent)
+
+
 @dataclass
 class CollectConfig:
     sample: SampleConfig = field(default_factory=SampleConfig)
@@ -106,6 +135,7 @@ class SampleStage:
 
         from leakray.models.backends import make_sampler
 
+        t0 = time.perf_counter()
         self.sampler = make_sampler(model_path, sample)
         self.extra = extra or ExtraColumns()
         self.ref_sampler = None
@@ -114,6 +144,7 @@ class SampleStage:
         self.alt_sampler = None
         if self.extra.alt_reference_model:
             self.alt_sampler = make_sampler(self.extra.alt_reference_model, replace(sample, backend="hf"))
+        self._load_s = time.perf_counter() - t0  # reported with the first batch this worker takes
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         fault_barrier("SampleStage")
@@ -121,8 +152,9 @@ class SampleStage:
         langs, keys = _col(batch, C.LANGUAGE), _col(batch, C.TASK_ID)
         adv = _col(batch, C.ADV_PROMPTS) if self.extra.advprompt and C.ADV_PROMPTS in batch.column_names else None
         tests = _col(batch, T.TESTS) if T.TESTS in batch.column_names else [""] * len(prompts)
-        rows = []
+        rows, spent = [], {p: [] for p in ("sample", "reference", "extra_passes")}
         for i in range(len(prompts)):
+            self._spent = dict.fromkeys(spent, 0.0)
             try:
                 rows.append(self._row(prompts[i], refs[i], langs[i], keys[i], adv[i] if adv else None, tests[i]))
             except Exception as exc:  # one task's crash (a prompt that breaks the tokenizer) fails that row alone
@@ -132,8 +164,21 @@ class SampleStage:
                 k = self.sampler.cfg.k
                 rows.append({C.COMPLETIONS: [""] * k, C.PERPLEXITY: [float("nan")] * k, C.N_TOKENS: [0] * k,
                              C.REF_LOSS: float("nan"), C.NOTES: [f"failed:sample_error:{type(exc).__name__}"]})
+            for part, s in self._spent.items():
+                spent[part].append(s)
+        load, self._load_s = getattr(self, "_load_s", 0.0), 0.0
+        if load and rows:
+            spent["load"] = [load / len(rows)] * len(rows)
         # every batch gets the same columns (a failed row's are null), even one whose rows all failed
-        return _with(batch, {name: [row.get(name) for row in rows] for name in self._columns(adv is not None)})
+        out = _with(batch, {name: [row.get(name) for row in rows] for name in self._columns(adv is not None)})
+        return _add_part_seconds(out, spent)
+
+    def _clock(self, part: str, t0: float) -> float:
+        """Add the time since ``t0`` to this row's ``part``; returns now (the next part's start)."""
+        now = time.perf_counter()
+        if hasattr(self, "_spent"):
+            self._spent[part] += now - t0
+        return now
 
     def _columns(self, adv: bool) -> list[str]:
         names = [C.COMPLETIONS, C.PERPLEXITY, C.N_TOKENS, C.REF_LOSS, C.REF_TOKEN_LOGPROBS, C.REF_TOKEN_MU,
@@ -151,7 +196,9 @@ class SampleStage:
         # one task at a time: the sampler's counters (truncations, NaN losses) become this row's notes
         k, sampler = self.sampler.cfg.k, self.sampler
         before = Counter(sampler.stats)
+        t = time.perf_counter()
         (s,) = sampler.sample([prompt], [lang], [key])
+        t = self._clock("sample", t)
         (scores,) = sampler.reference_scores([prompt], [ref])
         # the sampler's counters repeat some of the scores' own notes: each reason once per row
         notes = list(dict.fromkeys(list(s.notes) + list(scores.notes)
@@ -172,6 +219,7 @@ class SampleStage:
             (alt,) = self.alt_sampler.reference_scores([prompt], [ref])
             row[C.REFALT_TOKEN_LOGPROBS] = alt.logprobs
             notes += [f"refalt_{n}" for n in alt.notes]
+        t = self._clock("reference", t)
         if self.extra.upper_case and not row_failed(notes):
             from leakray.perturb.case import uppercase_prompt
 
@@ -181,6 +229,7 @@ class SampleStage:
             row[C.ADV_COMPLETIONS], row[C.ADV_PERPLEXITY] = self._adv(adv_prompts, lang, key)
         if self.extra.probes and not row_failed(notes):
             row.update(self._probes(prompt, ref, lang, key, tests))
+        self._clock("extra_passes", t)
         row[C.NOTES] = notes
         return row
 
@@ -243,11 +292,17 @@ class ExecuteStage:
     def __init__(self, timeout_s: float = 10.0, threads: int = 4, allow_weak_isolation: bool = False):
         from leakray.sandbox import Sandbox, SandboxConfig
 
+        t0 = time.perf_counter()
         self.sandbox = Sandbox(SandboxConfig(timeout_s=timeout_s, allow_weak_isolation=allow_weak_isolation))
         self.threads = threads
+        self._load_s = time.perf_counter() - t0
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         fault_barrier("ExecuteStage")
+        t0, (load, self._load_s) = time.perf_counter(), (getattr(self, "_load_s", 0.0), 0.0)
+        return _timed_batch("execute", load, t0, self._execute(batch))
+
+    def _execute(self, batch: pa.Table) -> pa.Table:
         rows = batch.select([C.TASK_ID, C.LANGUAGE, C.PROMPT, C.COMPLETIONS, T.TESTS, T.RUNNER]).to_pylist()
         for row, notes in zip(rows, _col(batch, C.NOTES) if C.NOTES in batch.column_names else [[]] * len(rows)):
             row[C.NOTES] = notes
@@ -310,6 +365,11 @@ def solutions(batch: pa.Table) -> tuple[list[list[str]], list[str]]:
 
 
 def score_stage(batch: pa.Table) -> pa.Table:
+    t0 = time.perf_counter()
+    return _timed_batch("score", 0.0, t0, _score(batch))
+
+
+def _score(batch: pa.Table) -> pa.Table:
     from leakray.features.expert import score_batch
 
     completions, refs = solutions(batch)
@@ -338,11 +398,17 @@ class EmbedStage:
         from leakray.features.embed import SlidingWindowEmbedder
         from leakray.models.encoders import resolve_encoder
 
+        t0 = time.perf_counter()
         self.embedder = SlidingWindowEmbedder(resolve_encoder(model), device=device, max_tokens=max_tokens,
                                               stride=stride, batch_size=batch_size)
+        self._load_s = time.perf_counter() - t0
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         fault_barrier("EmbedStage")
+        t0, (load, self._load_s) = time.perf_counter(), (getattr(self, "_load_s", 0.0), 0.0)
+        return _timed_batch("embed", load, t0, self._embed(batch))
+
+    def _embed(self, batch: pa.Table) -> pa.Table:
         completions, refs = solutions(batch)
         k = len(completions[0])
         n = len(refs)
@@ -461,6 +527,7 @@ def collection_stats(table: pa.Table, seconds: float, errors_path: Path | None =
     probe_s = [row for row in table.column(C.PROBE_SECONDS).to_pylist() if row] \
         if C.PROBE_SECONDS in table.column_names else []
     return {
+        **part_stats(table, sum(n_tokens), sum(statuses.values())),
         # each probe's wall time over the collection (what it adds to the sampling pass)
         **({"probe_seconds": {p: round(sum(r[j] for r in probe_s), 2) for j, p in enumerate(PROBES)}}
            if probe_s else {}),
@@ -472,6 +539,21 @@ def collection_stats(table: pa.Table, seconds: float, errors_path: Path | None =
         "exec_status": dict(statuses), "mean_generated_tokens": round(sum(n_tokens) / max(1, len(n_tokens)), 1),
         "seconds": round(seconds, 1), "seconds_per_task": round(seconds / max(1, table.num_rows), 3),
     }
+
+
+def part_stats(table: pa.Table, generated_tokens: int, programs: int) -> dict:
+    """Each part's busy seconds (summed over workers: parts on different workers overlap in wall
+    time) and its throughput: generated tokens per sampling second, programs per sandbox second,
+    solutions (k + the reference) per encoder second."""
+    rows = [r for r in table.column(C.PART_SECONDS).to_pylist() if r] if C.PART_SECONDS in table.column_names else []
+    if not rows:
+        return {}
+    busy = {p: round(sum(r[j] for r in rows), 2) for j, p in enumerate(PARTS)}
+    k = max((len(c) for c in table.column(C.COMPLETIONS).to_pylist() if c), default=0)
+    per_s = lambda n, part: round(n / busy[part], 1) if busy[part] > 0 else None  # noqa: E731
+    return {"part_seconds": busy, "throughput": {
+        "generated_tokens_per_s": per_s(generated_tokens, "sample"), "programs_per_s": per_s(programs, "execute"),
+        "tasks_scored_per_s": per_s(len(rows), "score"), "solutions_embedded_per_s": per_s(len(rows) * (k + 1), "embed")}}
 
 
 def write_collection(table: pa.Table, path: Path, stats: dict) -> None:
