@@ -379,7 +379,7 @@ class AuditSection(Section):
     rewrite_seed: int = 0
     fdr: float = Field(0.1, gt=0, lt=1)  # 'suspected' = q-value <= fdr (expected share of false leaks)
     lam: float = Field(0.5, gt=0, lt=1)  # the rewrite test's Storey lambda: p-values above it are taken as nulls
-    max_width: float = Field(0.3, gt=0, le=1)  # self-calibrated route: no number when its 95% interval is wider
+    max_width: float = Field(0.3, gt=0, le=1)  # either route: no number when its 95% interval is wider
     # which estimate to print: auto = self-calibrated when its checks hold, else the card's when it
     # transfers, else a statement; or force one route (still refused when its checks fail)
     route: Literal["auto", "self-calibrated", "card"] = "auto"

@@ -5,4 +5,7 @@ cd "$(dirname "$0")/.."
 bash scripts/install.sh
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 RAY_AUTH_MODE=disabled
-exec python -m pytest -q "$@"
+# Two test workers (pytest-xdist) on a 2-core machine, up to four on larger ones: most tests wait on
+# subprocesses, sandboxes and compilers as much as they compute. The tests on the real head node
+# (and the shared model cache) stay together in one worker (tests/conftest.py).
+exec python -m pytest -q -n auto --maxprocesses 4 --dist loadgroup "$@"

@@ -231,3 +231,20 @@ def test_audit_config_builds_pretrain_mix_shadows_and_refuses_a_dose_sweep():
     assert shadow_leak(load_config([AUDIT_DEFAULTS], [], AuditConfig))["mode"] == "finetune"
     with pytest.raises(BadInput, match="dose-sweep"):
         load_config([AUDIT_DEFAULTS], ["leak.mode=dose-sweep"], AuditConfig)
+
+
+def test_card_route_gives_no_number_when_its_interval_says_nothing():
+    """The measured case: a card whose detector separates its shadow's members weakly (AUC ~0.77)
+    gave 57% [2%, 100%] for a target with 25% members. Too wide: no number, the interval reported."""
+    rng = np.random.default_rng(6)
+    n = 41
+    y = np.r_[np.ones(n), np.zeros(n)].astype(int)
+    s = np.r_[rng.normal(1.0, 1, n), rng.normal(0, 1, n)]  # AUC about 0.76
+    member = rng.random(164) < 0.25
+    target = np.where(member, rng.normal(1.0, 1, 164), rng.normal(0, 1, 164))
+    res = card_estimate(target, y, s, np.full(164, 0.3), 0.5, fdr=0.1, n_boot=200, max_width=0.3)
+    assert res["ci"][1] - res["ci"][0] > 0.3
+    assert not res["usable"] and "wider than 30%" in res["why_unusable"] and res["estimate"] is not None
+    d = decide({"usable": False, "ambiguous": True, "why_unusable": "no group"}, res,
+               card_leak={"mode": "pretrain-mix", "dose": 16})
+    assert d["estimate"] is None and "wider than 30%" in d["statement"]

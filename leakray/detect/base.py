@@ -103,14 +103,15 @@ def access_allows(given: str, needed: str) -> bool:
 def missing_input(table: pa.Table, columns: Iterable[str]) -> str | None:
     """Why a table cannot feed a detector that needs ``columns`` (None if it can).
 
-    An all-null column is one the backend could not fill; a column null in only some rows
+    An all-null column is one whose pass was off or the backend could not fill; a column null in only some rows
     is caught later, by the detector, with the row named."""
     for name in columns:
         if name not in table.column_names:
             return f"collection lacks column {name!r}"
         col = table.column(name)
         if table.num_rows and col.null_count == table.num_rows:
-            return f"column {name!r} is empty (the sampling backend could not fill it)"
+            return (f"column {name!r} is empty (its pass was switched off, e.g. columns.upper_case or "
+                    "columns.reference_model, or the sampling backend could not fill it)")
     return None
 
 

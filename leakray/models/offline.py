@@ -200,8 +200,14 @@ def ensure_base_model(cfg: TinyLMConfig | None = None, progress: bool = True) ->
         import json
 
         return out, {**json.loads(stats_file.read_text()), "cached": True}
-    tmp = out.with_name(out.name + ".partial")  # renamed only when complete: a killed build is redone
+    # renamed only when complete: a killed build is redone; one per process, so two processes
+    # building the same base at once (parallel test workers, two drivers) never share a directory
+    tmp = out.with_name(out.name + f".partial{os.getpid()}")
     stats = pretrain(cfg, tmp, progress=progress)
-    if not out.exists():
+    try:
         tmp.rename(out)
+    except OSError:  # another process finished the same base first: theirs is the same model
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
     return out, {**stats, "cached": False}

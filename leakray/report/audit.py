@@ -137,7 +137,7 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
 
     val_y, val_s = card.val_scores(primary)
     card_result = card_estimate(score, val_y, val_s, prob, float(val_y.mean()), fdr=a.fdr, seed=a.shadow_seed,
-                                n_boot=min(a.bootstrap, 200))
+                                n_boot=min(a.bootstrap, 200), max_width=a.max_width)
     selfcal_result = self_calibrated(target, a)
     decision = decide(selfcal_result, card_result, a.route, card_leak=card.meta["shadow"].get("leak"))
     suspected = flags_of(decision, selfcal_result, card_result, len(task_ids)) & ~confirmed
