@@ -50,7 +50,9 @@ def ray_head():
     """A real head node (`ray start --head`), torn down by its own temp dir: `ray stop`
     would stop every Ray on the machine. The temp dir is short because Ray's Unix sockets
     live under it (paths are limited to ~107 bytes)."""
-    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    # not RAY_ADDRESS: an in-process test's local Ray exports its own (executor.runtime.ensure_ray),
+    # and `ray job submit` / a driver started from here would go there instead of to this head
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_AUTH_MODE": "disabled"}
     port, dash, agent, agent_grpc, metrics, rt_env = (_free_port() for _ in range(6))
     temp = tempfile.mkdtemp(prefix="lr", dir="/tmp")
     ray = str(Path(sys.executable).with_name("ray"))

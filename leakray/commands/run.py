@@ -6,7 +6,8 @@ import argparse
 
 # A smoke-sized protocol: minutes, not a measurement (tests and first looks).
 QUICK = [
-    "benchmark.limit=24", "model.tiny.max_steps=30", "target.epochs=3", "shadow.epochs=3",
+    # 30 steps read ~0.4 MB of text: a 1 MB corpus spares training the tokenizer on 12 MB and tokenizing it
+    "benchmark.limit=24", "model.tiny.max_steps=30", "model.tiny.corpus_mb=1", "target.epochs=3", "shadow.epochs=3",
     "sample.k=2", "sample.max_new_tokens=48", "detect.seeds=[0]", "detect.cgmia.epochs=5",
 ]
 
@@ -44,7 +45,8 @@ def run(args) -> int:
 
 # smoke-sized audit (tests and first looks): enough tasks for a shadow half and its validation half
 AUDIT_QUICK = [
-    "benchmark.limit=32", "model.tiny.max_steps=30", "model.shadow_tiny.max_steps=30", "target.epochs=3",
+    "benchmark.limit=32", "model.tiny.max_steps=30", "model.tiny.corpus_mb=1", "model.shadow_tiny.max_steps=30",
+    "model.shadow_tiny.corpus_mb=1", "target.epochs=3",
     "shadow.epochs=3",
     "sample.k=2", "sample.max_new_tokens=48", "detect.cgmia.epochs=5", "audit.bootstrap=200",
 ]
