@@ -6,6 +6,7 @@ bash scripts/install.sh
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 RAY_AUTH_MODE=disabled
 # Two test workers (pytest-xdist) on a 2-core machine, up to four on larger ones: most tests wait on
-# subprocesses, sandboxes and compilers as much as they compute. The tests on the real head node
-# (and the shared model cache) stay together in one worker (tests/conftest.py).
-exec python -m pytest -q -n auto --maxprocesses 4 --dist loadgroup "$@"
+# subprocesses, sandboxes, compilers and Ray's start-up as much as they compute. Each worker has its
+# own session fixtures (its own head node for the job-submit tests, its own model cache), so the
+# end-to-end tests of two workers run side by side on two heads.
+exec python -m pytest -q -n auto --maxprocesses 4 "$@"

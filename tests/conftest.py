@@ -99,11 +99,3 @@ class CharTokenizer:
     def __call__(self, text):
         return {"input_ids": [ord(c) for c in text]}
 
-
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (scripts/test.sh runs two workers): the tests on a real head node or the
-    session's shared model cache run in one worker, one after another, so the head starts once
-    and each tiny base is pretrained once; everything else spreads over the workers."""
-    for item in items:
-        if {"ray_head", "leakray_cache"} & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group("cluster"))
