@@ -113,3 +113,77 @@ def test_dose_sweep_runs_each_dose_and_draws_the_detectability_curve(monkeypatch
     assert (parent / "detectability_auc.svg").read_text().lstrip().startswith("<svg")
     html = (parent / "detectability.html").read_text()
     assert html.count("<svg") == 2 and "ref_loss" in html and "not detected" in html
+
+
+# A fan-out's driver killed by SIGKILL inside a child's stage, then run again: the protocol's own
+# fan-out (children, parent directory, aggregate) and the real StageRunner markers and kill hook,
+# in a subprocess. Each child's model work is replaced by three cheap stages (the heavy stages'
+# kill-and-resume is tests/test_e2e.py's): what is checked is the fan-out's resumption.
+FAN_OUT_DRIVER = '''
+import json, sys
+from leakray.config import load_config
+from leakray.console import Console
+from leakray.protocols import simulate
+from leakray.runs import StageRunner, StageSpec
+from leakray.storage import local_run_dir
+
+
+def run_one(cfg, console):
+    label = cfg.benchmark.name + "-" + str(cfg.leak.dose if cfg.leak.mode == "pretrain-mix" else 0)
+    run = local_run_dir(cfg.output_dir, label)
+    runner = StageRunner(run, console)
+    auc = {"humaneval": 0.9, "mbxp": 0.8}[cfg.benchmark.name] - (0.3 if cfg.leak.dose == 1 else 0.0)
+    runner.run([StageSpec(name, lambda out: {"rows_in": 8, "rows_out": 8}) for name in ("prepare", "collect")])
+    (run / "report.json").write_text(json.dumps({
+        "benchmark": {"name": cfg.benchmark.name},
+        "detectors": {name: {"auc": auc, "auc_ci": [auc - 0.1, auc + 0.05], "tpr_at_5fpr": 0.5, "mcc": 0.4,
+                             "family": "likelihood"} for name in ("cgmia", "ref_loss")}}))
+    (run / "target").mkdir(exist_ok=True)
+    (run / "target" / "_DONE.json").write_text(json.dumps({"member_token_share": 0.01 * cfg.leak.dose}))
+    return run
+
+
+simulate.run_one = run_one
+print(simulate.run_simulation(load_config([], sys.argv[1:]), Console(stream=sys.stderr)))
+'''
+
+
+@pytest.mark.parametrize("kind", ["multi-benchmark", "dose-sweep"])
+def test_a_fan_out_killed_mid_stage_resumes_from_its_markers(tmp_path, kind):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT, SHARED_BENCHMARKS
+    from leakray.runs import KILL_ENV
+
+    script = tmp_path / "driver.py"
+    script.write_text(FAN_OUT_DRIVER)
+    out = tmp_path / "runs"
+    args = {"multi-benchmark": ["benchmark.names=[humaneval,mbxp]",
+                                f"benchmark.paths={{mbxp: {SHARED_BENCHMARKS / 'mbjp_release_v1.2.jsonl.gz'}}}"],
+            "dose-sweep": ["leak.mode=dose-sweep", "leak.doses=[1,4]"]}[kind] + [f"output_dir={out}"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def drive(**extra):
+        return subprocess.run([sys.executable, str(script), *args], env={**env, **extra}, capture_output=True,
+                              text=True, timeout=300, cwd=ROOT)
+
+    killed = drive(**{KILL_ENV: "collect"})  # dies inside the first child's collect stage
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    (parent,) = out.iterdir()
+    (first,) = [d for d in parent.iterdir() if (d / "prepare" / "_DONE.json").exists()]
+    assert (first / "collect" / "partial.tmp").exists() and not (first / "collect" / "_DONE.json").exists()
+    before = (first / "prepare" / "_DONE.json").stat().st_mtime
+    done = drive()
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (first / "prepare" / "_DONE.json").stat().st_mtime == before  # resumed, not redone
+    assert not (first / "collect" / "partial.tmp").exists()  # the unfinished stage started empty
+    children = [d for d in parent.iterdir() if (d / "report.json").exists()]
+    assert len(children) == 2 and all((d / "collect" / "_DONE.json").exists() for d in children)
+    if kind == "multi-benchmark":
+        assert len((parent / "compare" / "auc.csv").read_text().splitlines()) == 4  # header, 2 benchmarks, mean
+    else:
+        assert json.loads((parent / "detectability.json").read_text())["doses"] == [1, 4]
+    again = drive()  # a finished fan-out: every child is done, the aggregate is rewritten
+    assert again.returncode == 0 and (first / "prepare" / "_DONE.json").stat().st_mtime == before
