@@ -248,3 +248,18 @@ def test_card_route_gives_no_number_when_its_interval_says_nothing():
     d = decide({"usable": False, "ambiguous": True, "why_unusable": "no group"}, res,
                card_leak={"mode": "pretrain-mix", "dose": 16})
     assert d["estimate"] is None and "wider than 30%" in d["statement"]
+
+
+def test_the_report_names_how_the_cards_shadow_leaked():
+    from types import SimpleNamespace
+
+    from leakray.config import AUDIT_DEFAULTS, AuditConfig, load_config
+    from leakray.report.audit import _leak_words, shadow_vs_target
+
+    cfg = load_config([AUDIT_DEFAULTS], [], AuditConfig)
+    mix = SimpleNamespace(meta={"shadow": {"base": "tiny", "leak": {"mode": "pretrain-mix", "dose": 16, "steps": 300}}})
+    assert shadow_vs_target(mix, cfg)["shadow_leak"]["dose"] == 16
+    before_leak_kinds = SimpleNamespace(meta={"shadow": {"base": "tiny"}})  # cards made before this was recorded
+    assert shadow_vs_target(before_leak_kinds, cfg)["shadow_leak"] == {"mode": "finetune"}
+    assert _leak_words({"mode": "pretrain-mix", "dose": 16}) == "read each member 16 times in pretraining"
+    assert _leak_words({"mode": "finetune", "epochs": 15}) == "was fine-tuned on its members for 15 epochs"

@@ -274,7 +274,17 @@ def shadow_vs_target(card: DetectorCard, cfg) -> dict:
                                                            "; the target's own base is unknown to the audit")
             + ": the card route holds only where its transfer check passes; the self-calibrated route does not "
               "depend on the shadow")
-    return {"shadow_base": shadow, "target": target, "differ": differ, "note": note}
+    # how the card's shadow saw its members: the strength of leak the card route counts (cards made
+    # before leak kinds were recorded were fine-tuned)
+    leak = card.meta.get("shadow", {}).get("leak") or {"mode": "finetune"}
+    return {"shadow_base": shadow, "target": target, "differ": differ, "note": note, "shadow_leak": leak}
+
+
+def _leak_words(leak: dict | None) -> str:
+    leak = leak or {"mode": "finetune"}
+    if leak.get("mode") == "pretrain-mix":
+        return f"read each member {leak.get('dose')} times in pretraining"
+    return "was fine-tuned on its members" + (f" for {leak['epochs']} epochs" if leak.get("epochs") else "")
 
 
 def _per_task(result: dict | None, n: int, key: str) -> np.ndarray:
@@ -353,7 +363,8 @@ def render_markdown(r: dict) -> str:
            f"{_f((sc.get('ci') or [None, None])[1], True)})" if sc.get("estimate") is not None else "–")
         + ("" if sc.get("usable") else f" — not used: {sc.get('why_unusable')}"),
         f"- access: {s.get('access', '–')} — detectors run: {', '.join(s.get('detectors_run') or []) or 'none'}",
-        f"- card route ({s['primary_detector']}, rates off the rows that chose its cut): "
+        f"- card route ({s['primary_detector']}, rates off the rows that chose its cut; the card's shadow "
+        f"{_leak_words((s.get('shadow_vs_target') or {}).get('shadow_leak'))}): "
         + (f"{_f(cr.get('estimate'), True)} ({_f(cr['ci'][0], True)}–{_f(cr['ci'][1], True)})"
            if cr.get("estimate") is not None else "–")
         + ("" if cr.get("usable") else f" — not used: {cr.get('why_unusable')}"),
