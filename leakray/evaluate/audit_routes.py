@@ -10,9 +10,10 @@ Two routes estimate the leaked fraction:
 `auto` prints the self-calibrated estimate when its checks hold; else the card's when the card
 transfers — unless the self-calibrated route found the target's scores ambiguous (one normal fits:
 clean, or a faint leak), which no card of a stronger leak can settle (a card whose shadow carries a
-pretraining-mixture leak can, with a caveat naming its dose); else no number, with the reasons. The verdicts come from the route that printed
-the number: 'suspected' is controlled by a false-discovery rate across the benchmark, so a
-benchmark estimated at 0% leaked flags (almost) nothing.
+pretraining-mixture leak can, with a caveat naming its dose); else no number, with the reasons.
+The verdicts come from the route that printed the number: 'suspected' is controlled by a
+false-discovery rate across the benchmark, so a benchmark estimated at 0% leaked flags (almost)
+nothing.
 """
 
 from __future__ import annotations
