@@ -176,8 +176,7 @@ class SampleStage:
     def _clock(self, part: str, t0: float) -> float:
         """Add the time since ``t0`` to this row's ``part``; returns now (the next part's start)."""
         now = time.perf_counter()
-        if hasattr(self, "_spent"):
-            self._spent[part] += now - t0
+        self._spent[part] += now - t0  # set per row by __call__, the only caller of _row
         return now
 
     def _columns(self, adv: bool) -> list[str]:
