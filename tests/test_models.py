@@ -69,7 +69,7 @@ def test_long_prompt_loses_its_oldest_tokens_and_is_counted(tiny_lm):
     long = "# " + "filler words here " * 40 + "\n" + PROMPT
     full = sampler.tok(generation_prompt(long))["input_ids"]
     assert len(full) > 32
-    assert sampler._prompt_ids(long) == full[-32:]  # the end (the signature) is kept
+    assert sampler._prompt_ids(long) == (full[-32:], True)  # the end (the signature) is kept
     (out,) = sampler.sample([long], ["python"], ["t0"])
     assert len(out.completions) == 1 and sampler.stats["prompt_truncated_left"] == 2  # the probe and the run
     sampler.sample([PROMPT], ["python"], ["t1"])

@@ -1,18 +1,12 @@
-"""Sampling with Hugging Face transformers; perplexity from `output_logits` (raw, unwarped —
-the `scores` output is already reshaped by temperature and top-p).
+"""Sampling with Hugging Face transformers, through `leakray.models.decode`'s KV-cached loop
+(a finished sequence leaves the batch; many tasks share each forward pass).
 
-Each task is one `generate` call of its k sequences, seeded by the task alone (`task_seed`):
-sharing a call with other tasks would both draw from one random stream and change the
-numerics through left padding, so a task's samples would depend on its batch-mates. The
-cost is fewer sequences per call (k).
-
-Prompts that share a key (one task's perturbed variants, AdvPrompt-MIA) are one unit: they
-go into ONE left-padded `generate` call (per set of stop strings), seeded by the key, so the
-variants' work is batched and the result still depends on the task alone. Left padding can
-move the logits in their last bits: on CPU in float32, greedy variants batched per task gave
-the same tokens as each generated alone (96/96 HumanEval variants, ~10x faster; the test
-asserts it on three), but in bf16 a near-tie argmax may flip. Sampled (non-greedy) variants
-share the key's random stream, so they depend on which variants come together.
+Prompts that share a key (one task's perturbed variants, AdvPrompt-MIA) are one unit: one
+`Request`, seeded by the key (`task_seed`), so the result depends on the task alone and not on
+the other tasks decoded beside it (except for the last bits that left padding moves: greedy
+tokens on CPU in float32 are the same alone and batched; in bf16 a near-tie argmax may flip).
+Sampled variants share the key's random stream, so they depend on which variants come together.
+The log-probs behind each perplexity are of the raw model, before temperature and top-p.
 
 `reference_scores` is one forward pass per reference: log_softmax over the scored positions
 gives each token's log-prob, Min-K%++'s mean/std of log p over the vocabulary, and the rank."""
@@ -61,86 +55,63 @@ class HFSampler:
         self.special = set(self.tok.all_special_ids)
         self._keeps_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
 
+    # the collection stage may hand this sampler a whole batch of tasks per call (see
+    # stages.collect.SampleStage): per-prompt degradations are then in each Samples' notes
+    batches_tasks = True
+
     def sample(self, prompts: list[str], languages: list[str], keys: list[str], *,
                k: int | None = None, greedy: bool = False) -> list[Samples]:
-        n = n_completions(self.cfg, k, greedy)
-        groups: dict[tuple, list[int]] = {}  # (key, stop strings) -> prompt indices, in order
-        for i, (p, lang, key) in enumerate(zip(prompts, languages, keys)):
-            groups.setdefault((key, tuple(stop_strings(p, lang))), []).append(i)
-        out: list[Samples | None] = [None] * len(prompts)
-        for (key, stops), idx in groups.items():
-            for i, s in zip(idx, self._generate([prompts[i] for i in idx], [languages[i] for i in idx],
-                                                key, list(stops), n, greedy)):
-                out[i] = s
-        return out
+        return self._generate(prompts, languages, keys, n_completions(self.cfg, k, greedy), greedy,
+                              self.cfg.max_new_tokens)
 
     def greedy_probe(self, prompts: list[str], languages: list[str], keys: list[str],
                      max_new_tokens: int) -> list[str]:
-        groups: dict[tuple, list[int]] = {}
-        for i, (p, lang, key) in enumerate(zip(prompts, languages, keys)):
-            groups.setdefault((key, tuple(stop_strings(p, lang))), []).append(i)
-        out: list[str] = [""] * len(prompts)
-        for (key, stops), idx in groups.items():
-            got = self._generate([prompts[i] for i in idx], [languages[i] for i in idx], key, list(stops), 1, True,
-                                 max_new_tokens=min(max_new_tokens, self.cfg.max_new_tokens))
-            for i, s in zip(idx, got):
-                out[i] = s.completions[0]
-        return out
+        got = self._generate(prompts, languages, keys, 1, True, min(max_new_tokens, self.cfg.max_new_tokens))
+        return [s.completions[0] for s in got]
 
-    def _prompt_ids(self, prompt: str) -> list[int]:
+    def _prompt_ids(self, prompt: str) -> tuple[list[int], bool]:
         """The prompt's tokens; a prompt too long for the context loses its *oldest* tokens
         (the signature the model must continue is at the end), and that is counted."""
         ids = self.tok(generation_prompt(prompt))["input_ids"]
         room = self.max_positions - self.cfg.max_new_tokens
-        if len(ids) > room:
-            bos = self.tok.bos_token_id
-            head = [ids[0]] if bos is not None and ids[0] == bos else []
-            ids = head + ids[len(ids) - (room - len(head)):]
-            self.stats[PROMPT_TRUNCATED_LEFT] += 1
-        return ids
+        if len(ids) <= room:
+            return ids, False
+        bos = self.tok.bos_token_id
+        head = [ids[0]] if bos is not None and ids[0] == bos else []
+        self.stats[PROMPT_TRUNCATED_LEFT] += 1
+        return head + ids[len(ids) - (room - len(head)):], True
 
-    def _generate(self, prompts: list[str], languages: list[str], key: str, stops: list[str],
-                  n: int, greedy: bool, max_new_tokens: int | None = None) -> list[Samples]:
-        """n completions of each prompt (one task's), in one `generate` call seeded by the key."""
-        import torch
+    def _generate(self, prompts: list[str], languages: list[str], keys: list[str], n: int, greedy: bool,
+                  max_new_tokens: int) -> list[Samples]:
+        """n completions of each prompt. Prompts that share a key and stop strings (one task's
+        variants) are one `Request`, seeded by the key; all requests are decoded together."""
+        from leakray.models.decode import Request, decode
 
-        cfg = self.cfg
-        rows = [self._prompt_ids(p) for p in prompts]
-        width = max(map(len, rows))
-        pad = self.tok.pad_token_id
-        # left padding: every prompt ends where generation starts (one prompt: no padding)
-        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=self.device)
-        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self.device)
-        # greedy gives one sequence per prompt (transformers refuses num_return_sequences > 1 without
-        # sampling); n greedy copies are the same sequence repeated
-        decode = dict(do_sample=False, num_return_sequences=1, temperature=None, top_p=None, top_k=None) \
-            if greedy else dict(do_sample=True, num_return_sequences=n, temperature=cfg.temperature,
-                                top_p=cfg.top_p, top_k=0)
-        torch.manual_seed(task_seed(cfg.seed, key))
-        with torch.inference_mode():
-            gen = self.model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens or cfg.max_new_tokens,
-                output_logits=True,
-                return_dict_in_generate=True, stop_strings=stops or None, tokenizer=self.tok,
-                pad_token_id=pad, **decode,
-            )
-        new_tokens = gen.sequences[:, width:]
-        logits = torch.stack(gen.logits, dim=1).float()  # [rows * per_row, T, V], raw
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens[..., None]).squeeze(-1)
-        per_row = 1 if greedy else n
-        results = []
-        for r, (prompt, language) in enumerate(zip(prompts, languages)):
-            out = Samples([], [], [], [])
-            for s in range(r * per_row, (r + 1) * per_row):
-                kept = keep(self.tok, new_tokens[s].tolist(), self.special, prompt, language)
-                ppl = perplexity(logprobs[s, :len(kept.scored_ids)].tolist())
-                for _ in range(n // per_row):
-                    out.completions.append(kept.text)
-                    out.perplexity.append(ppl)
-                    out.n_tokens.append(kept.n_tokens)
-                    out.token_ids.append(kept.scored_ids)
-            results.append(out)
-        return results
+        groups: dict[tuple, list[int]] = {}  # (key, stop strings) -> prompt indices, in order
+        for i, (p, lang, key) in enumerate(zip(prompts, languages, keys)):
+            groups.setdefault((key, tuple(stop_strings(p, lang))), []).append(i)
+        encoded = [self._prompt_ids(p) for p in prompts]
+        # greedy gives one sequence per prompt; n greedy copies are the same sequence repeated
+        per_prompt = 1 if greedy else n
+        requests = [Request([encoded[i][0] for i in idx], per_prompt, greedy, task_seed(self.cfg.seed, key),
+                            max_new_tokens, list(stops)) for (key, stops), idx in groups.items()]
+        got = decode(self.model, requests, pad_id=self.tok.pad_token_id, end_ids=self.special,
+                     detokenize=lambda ids: self.tok.decode(ids, skip_special_tokens=True),
+                     temperature=self.cfg.temperature, top_p=self.cfg.top_p)
+        out: list[Samples | None] = [None] * len(prompts)
+        for idx, per_req in zip(groups.values(), got):
+            for i, seqs in zip(idx, per_req):
+                s = Samples([], [], [], [], notes=[PROMPT_TRUNCATED_LEFT] if encoded[i][1] else [])
+                for g in seqs:
+                    kept = keep(self.tok, g.ids, self.special, prompts[i], languages[i])
+                    ppl = perplexity(g.logprobs[:len(kept.scored_ids)])
+                    for _ in range(n // per_prompt):
+                        s.completions.append(kept.text)
+                        s.perplexity.append(ppl)
+                        s.n_tokens.append(kept.n_tokens)
+                        s.token_ids.append(kept.scored_ids)
+                out[i] = s
+        return out
 
     def reference_loss(self, prompts: list[str], references: list[str]) -> list[float]:
         return [s.loss for s in self.reference_scores(prompts, references)]

@@ -2,7 +2,8 @@
 LM pretrained for a bounded time on the interpreter's own standard library.
 
 Both are cached under ``cache_root()/base-<hash of config>``, so the second run of
-the demo reuses them. The result is an ordinary Hugging Face model directory:
+the demo reuses them; the default base ships prebuilt (`leakray.models.prebuilt`), so the
+first run does not train it where the corpus and torch are the ones it was built with. The result is an ordinary Hugging Face model directory:
 everything downstream loads it with ``from_pretrained`` exactly as it would load
 ``deepseek-ai/deepseek-coder-1.3b-base``.
 """
@@ -203,7 +204,15 @@ def ensure_base_model(cfg: TinyLMConfig | None = None, progress: bool = True) ->
     # renamed only when complete: a killed build is redone; one per process, so two processes
     # building the same base at once (parallel test workers, two drivers) never share a directory
     tmp = out.with_name(out.name + f".partial{os.getpid()}")
-    stats = pretrain(cfg, tmp, progress=progress)
+    from leakray.models import prebuilt
+
+    # the package ships the default base (what training here would give, bit for bit: checked
+    # against its manifest's config, corpus and torch); anything else is trained
+    stats = None if os.environ.get("LEAKRAY_NO_PREBUILT") else prebuilt.install(cfg, tmp)
+    if stats is None:
+        stats = pretrain(cfg, tmp, progress=progress)
+    else:
+        log.info("base LM: the prebuilt copy (%s)", prebuilt.SHIPPED)
     try:
         tmp.rename(out)
     except OSError:  # another process finished the same base first: theirs is the same model

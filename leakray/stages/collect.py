@@ -145,6 +145,7 @@ class SampleStage:
         if self.extra.alt_reference_model:
             self.alt_sampler = make_sampler(self.extra.alt_reference_model, replace(sample, backend="hf"))
         self._load_s = time.perf_counter() - t0  # reported with the first batch this worker takes
+        self.kind_seconds: Counter = Counter()  # batched generation seconds by kind (sample, upper, adv, probes)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         fault_barrier("SampleStage")
@@ -153,8 +154,10 @@ class SampleStage:
         adv = _col(batch, C.ADV_PROMPTS) if self.extra.advprompt and C.ADV_PROMPTS in batch.column_names else None
         tests = _col(batch, T.TESTS) if T.TESTS in batch.column_names else [""] * len(prompts)
         rows, spent = [], {p: [] for p in ("sample", "reference", "extra_passes")}
+        pre = self._prefetch(prompts, refs, langs, keys, adv, tests)
         for i in range(len(prompts)):
             self._spent = dict.fromkeys(spent, 0.0)
+            self._pre = pre[i] if pre else None
             try:
                 rows.append(self._row(prompts[i], refs[i], langs[i], keys[i], adv[i] if adv else None, tests[i]))
             except Exception as exc:  # one task's crash (a prompt that breaks the tokenizer) fails that row alone
@@ -172,6 +175,75 @@ class SampleStage:
         # every batch gets the same columns (a failed row's are null), even one whose rows all failed
         out = _with(batch, {name: [row.get(name) for row in rows] for name in self._columns(adv is not None)})
         return _add_part_seconds(out, spent)
+
+    def _prefetch(self, prompts, refs, langs, keys, adv, tests) -> list[dict] | None:
+        """Every generation of the batch's rows, one sampler call per kind across all tasks (a
+        backend that batches tasks, `batches_tasks`, then keeps its compute units full and drops
+        each sequence when it ends), each call's time shared evenly by the rows. None when the
+        backend works task by task, or a call failed: then each row generates on its own, so a
+        prompt that breaks the tokenizer fails its row alone."""
+        if not getattr(self.sampler, "batches_tasks", False) or not prompts:
+            return None
+        from leakray.features import probes as pr
+
+        n, sampler, pre = len(prompts), self.sampler, [{"seconds": {}} for _ in prompts]
+
+        def timed(part: str, fn):
+            t0 = time.perf_counter()
+            got = fn()
+            self.kind_seconds[part] += time.perf_counter() - t0
+            for p in pre:
+                p["seconds"][part] = p["seconds"].get(part, 0.0) + (time.perf_counter() - t0) / n
+            return got
+
+        def continuations(cuts_of: list[list[int]], part: str) -> list[list[str]]:
+            given = [[pr.given_and_target(prompts[i], refs[i], c)[0] for c in cuts] for i, cuts in enumerate(cuts_of)]
+            flat = [(i, g) for i, gs in enumerate(given) for g in gs]
+            got = timed(part, lambda: sampler.greedy_probe([g for _, g in flat], [langs[i] for i, _ in flat],
+                                                           [keys[i] for i, _ in flat], self.extra.probe_tokens)
+                        if flat else [])
+            out: list[list[str]] = [[] for _ in prompts]
+            for (i, _), text in zip(flat, got):
+                out[i].append(text)
+            return out
+
+        try:
+            for p, s in zip(pre, timed("sample", lambda: sampler.sample(prompts, langs, keys))):
+                p["sample"] = s
+            if self.extra.upper_case:
+                from leakray.perturb.case import uppercase_prompt
+
+                upper = timed("upper", lambda: sampler.sample([uppercase_prompt(q, lang) for q, lang in zip(prompts, langs)],
+                                                              langs, [key + "#upper" for key in keys]))
+                for p, u in zip(pre, upper):
+                    p["upper"] = u
+            if adv is not None:
+                flat = [(i, j, q) for i, row in enumerate(adv) for j, q in enumerate(row or []) if q]
+                got = timed("adv", lambda: sampler.sample([q for _, _, q in flat], [langs[i] for i, _, _ in flat],
+                                                          [keys[i] for i, _, _ in flat], k=1, greedy=True)
+                            if flat else [])
+                for i, row in enumerate(adv):
+                    pre[i]["adv"] = ([""] * len(row or []), [float("nan")] * len(row or []))
+                for (i, j, _), s in zip(flat, got):
+                    pre[i]["adv"][0][j], pre[i]["adv"][1][j] = s.completions[0], s.perplexity[0]
+            if "prefix" in self.extra.probes:
+                cuts = [pr.prefix_cuts(q, r) for q, r in zip(prompts, refs)]
+                for p, c, texts in zip(pre, cuts, continuations(cuts, "prefix")):
+                    p["prefix"] = (c, texts)
+            if "mask" in self.extra.probes:
+                spans = [pr.mask_spans(q, r) for q, r in zip(prompts, refs)]
+                for p, sp, texts in zip(pre, spans, continuations([[at for at, _ in s] for s in spans], "mask")):
+                    p["mask"] = ([span for _, span in sp], texts)
+            if "greedy" in self.extra.probes:
+                got = timed("greedy", lambda: sampler.greedy_probe(prompts, langs, keys, sampler.cfg.max_new_tokens))
+                for i, (p, text) in enumerate(zip(pre, got)):
+                    p["greedy"] = (text, pr.rewrite_continuations(prompts[i], refs[i], tests[i], keys[i]))
+        except Exception as exc:
+            if isinstance(exc, MemoryError) or "OutOfMemory" in type(exc).__name__:
+                raise
+            LOG.warning("batched sampling failed (%s); sampling task by task", type(exc).__name__, exc_info=True)
+            return None
+        return pre
 
     def _clock(self, part: str, t0: float) -> float:
         """Add the time since ``t0`` to this row's ``part``; returns now (the next part's start)."""
@@ -193,10 +265,15 @@ class SampleStage:
     def _row(self, prompt: str, ref: str, lang: str, key: str, adv_prompts: list[str] | None,
              tests: str = "") -> dict:
         # one task at a time: the sampler's counters (truncations, NaN losses) become this row's notes
-        k, sampler = self.sampler.cfg.k, self.sampler
+        k, sampler, pre = self.sampler.cfg.k, self.sampler, self._pre
         before = Counter(sampler.stats)
         t = time.perf_counter()
-        (s,) = sampler.sample([prompt], [lang], [key])
+        if pre is not None:  # generated with the batch's other tasks (`_prefetch`): its time is its share
+            s = pre["sample"]  # the batch's counters moved in `_prefetch`: the row's own are in s.notes
+            self._spent["sample"] += pre["seconds"]["sample"]
+            self._spent["extra_passes"] += sum(v for part, v in pre["seconds"].items() if part != "sample")
+        else:
+            (s,) = sampler.sample([prompt], [lang], [key])
         t = self._clock("sample", t)
         (scores,) = sampler.reference_scores([prompt], [ref])
         # the sampler's counters repeat some of the scores' own notes: each reason once per row
@@ -222,10 +299,12 @@ class SampleStage:
         if self.extra.upper_case and not row_failed(notes):
             from leakray.perturb.case import uppercase_prompt
 
-            (u,) = sampler.sample([uppercase_prompt(prompt, lang)], [lang], [key + "#upper"])
+            (u,) = [pre["upper"]] if pre is not None else \
+                sampler.sample([uppercase_prompt(prompt, lang)], [lang], [key + "#upper"])
             row[C.UPPER_COMPLETIONS], row[C.UPPER_PERPLEXITY] = u.completions, u.perplexity
         if adv_prompts is not None and not row_failed(notes):
-            row[C.ADV_COMPLETIONS], row[C.ADV_PERPLEXITY] = self._adv(adv_prompts, lang, key)
+            row[C.ADV_COMPLETIONS], row[C.ADV_PERPLEXITY] = pre["adv"] if pre is not None else \
+                self._adv(adv_prompts, lang, key)
         if self.extra.probes and not row_failed(notes):
             row.update(self._probes(prompt, ref, lang, key, tests))
         self._clock("extra_passes", t)
@@ -239,6 +318,14 @@ class SampleStage:
 
         out: dict = {}
         seconds = [0.0] * len(pr.PROBES)
+        pre = self._pre
+        if pre is not None:  # generated with the batch's other tasks
+            for name in self.extra.probes:
+                cols = PROBE_COLUMNS[name]
+                out[cols[0]], out[cols[1]] = pre[name]
+                seconds[pr.PROBES.index(name)] = pre["seconds"][name]
+            out[C.PROBE_SECONDS] = seconds
+            return out
         for name in self.extra.probes:
             t0 = time.perf_counter()
             if name == "prefix":

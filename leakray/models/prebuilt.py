@@ -1,0 +1,102 @@
+"""The demo's base model, shipped with the package so a fresh machine does not spend minutes
+pretraining it.
+
+`leakray/prebuilt/base/` holds the files `offline.pretrain(TinyLMConfig())` writes (model,
+tokenizer, pretrain.json) and `MANIFEST.json`: each file's sha256 and what the build depends
+on: the training config's hash, the corpus (this interpreter's standard library: a digest of
+the exact source texts read) and the torch version. `ensure_base_model` copies the shipped
+files into the cache only when all of these match here; otherwise it trains, as before.
+
+`python scripts/build_base.py --check` rebuilds the base from scratch and compares every file
+with the manifest (bit for bit on the same corpus and torch; measured in docs/SPEED.md), and
+`--update` replaces the shipped copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+SHIPPED = Path(__file__).resolve().parent.parent / "prebuilt" / "base"
+MANIFEST = "MANIFEST.json"
+# what a build writes and the shipped copy holds (pretrain.json's timings are the build machine's)
+FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+         "pretrain.json")
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def build_key(cfg) -> dict:
+    """What decides the base's weights, bit for bit: the config, the corpus texts, torch."""
+    import torch
+
+    from leakray.models.offline import stdlib_sources
+    from leakray.runs import content_hash
+
+    corpus = hashlib.sha256()
+    for text in stdlib_sources(int(cfg.corpus_mb * 1e6)):
+        corpus.update(hashlib.sha256(text.encode()).digest())
+    return {"config": content_hash(asdict(cfg)), "corpus_sha256": corpus.hexdigest(), "torch": torch.__version__}
+
+
+def manifest(where: Path = SHIPPED) -> dict | None:
+    path = where / MANIFEST
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def matches(cfg, where: Path = SHIPPED) -> tuple[bool, str]:
+    """Whether the shipped base is what training ``cfg`` here would give, and why not."""
+    shipped = manifest(where)
+    if shipped is None:
+        return False, "no prebuilt base in this installation"
+    here = build_key(cfg)
+    for key, value in here.items():
+        if shipped["key"].get(key) != value:
+            return False, f"the prebuilt base was built with another {key} ({shipped['key'].get(key)} vs {value})"
+    missing = [name for name in shipped["files"] if not (where / name).exists()]
+    return (False, f"the prebuilt base lacks {missing}") if missing else (True, "")
+
+
+def install(cfg, out_dir: Path, where: Path = SHIPPED) -> dict | None:
+    """Copy the shipped base into ``out_dir`` (checking every file's sha256) when it matches
+    ``cfg`` here; its pretrain stats (with ``prebuilt``), or None (then the caller trains)."""
+    ok, _ = matches(cfg, where)
+    if not ok:
+        return None
+    files = manifest(where)["files"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, digest in files.items():
+        shutil.copyfile(where / name, out_dir / name)
+        if sha256(out_dir / name) != digest:
+            shutil.rmtree(out_dir, ignore_errors=True)
+            raise RuntimeError(f"prebuilt base file {name} does not match its manifest: the installation is damaged")
+    stats = json.loads((out_dir / "pretrain.json").read_text())
+    return {**stats, "prebuilt": True}
+
+
+def write(cfg, built: Path, where: Path = SHIPPED) -> dict:
+    """Make ``built`` (a fresh `pretrain` output for ``cfg``) the shipped base."""
+    where.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for name in FILES:
+        shutil.copyfile(built / name, where / name)
+        files[name] = sha256(where / name)
+    doc = {"key": build_key(cfg), "files": files,
+           "rebuild": "python scripts/build_base.py --check (compares a fresh build with these digests)"}
+    (where / MANIFEST).write_text(json.dumps(doc, indent=2) + "\n")
+    return doc
+
+
+def compare(built: Path, where: Path = SHIPPED) -> dict[str, bool]:
+    """Per shipped file (pretrain.json excluded: it holds the build's timings): equal bit for bit?"""
+    files = manifest(where)["files"]
+    return {name: sha256(built / name) == digest for name, digest in files.items() if name != "pretrain.json"}

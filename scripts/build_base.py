@@ -1,0 +1,56 @@
+"""Rebuild the demo's base model from scratch and compare it with the prebuilt copy the package
+ships (`leakray/prebuilt/base/`, see `leakray.models.prebuilt`).
+
+    python scripts/build_base.py --check    # train into a temp dir, compare every file's sha256
+    python scripts/build_base.py --update   # train, and make the result the shipped copy
+
+Training is `leakray.models.offline.pretrain(TinyLMConfig())`, exactly what `ensure_base_model`
+runs where the prebuilt copy does not match (another Python's standard library, another torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--check", action="store_true", help="rebuild and compare with the shipped copy")
+    mode.add_argument("--update", action="store_true", help="rebuild and replace the shipped copy")
+    ap.add_argument("--keep", type=Path, default=None, help="build here instead of a temp dir (and keep it)")
+    args = ap.parse_args()
+
+    from leakray.models import prebuilt
+    from leakray.models.offline import TinyLMConfig, pretrain
+
+    cfg = TinyLMConfig()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = args.keep or Path(tmp) / "base"
+        t0 = time.perf_counter()
+        stats = pretrain(cfg, out, progress=True)
+        print(f"built in {time.perf_counter() - t0:.0f} s: {stats['steps']} steps, val loss {stats['val_loss']}")
+        if stats["stopped_by_time_cap"]:
+            print("the build hit its time cap before max_steps: not the shipped model", file=sys.stderr)
+            return 1
+        if args.update:
+            doc = prebuilt.write(cfg, out)
+            print(json.dumps(doc["key"], indent=2))
+            return 0
+        ok, why = prebuilt.matches(cfg)
+        if not ok:
+            print(f"not comparable here: {why}", file=sys.stderr)
+            return 1
+        same = prebuilt.compare(out)
+        for name, equal in same.items():
+            print(f"{name:<26} {'identical' if equal else 'DIFFERS'}")
+        return 0 if all(same.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

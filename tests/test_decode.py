@@ -1,0 +1,98 @@
+"""The batched decoding loop (leakray.models.decode) against transformers' own generate."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from leakray.models.decode import Request, _chunks, _top_p, decode
+
+PROMPTS = ['def add(a, b):\n    """Return a + b."""\n', "def mul(a, b):\n",
+           'class Box:\n    """A box."""\n\n    def size(self):\n', "import os\n\n\ndef walk(path):\n"]
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_lm):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_lm[0])
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm[0]).eval()
+    return tok, model
+
+
+def _decode(tok, model, requests, **kw):
+    kw.setdefault("end_ids", set(tok.all_special_ids))
+    return decode(model, requests, pad_id=tok.pad_token_id,
+                  detokenize=lambda ids: tok.decode(ids, skip_special_tokens=True), **kw)
+
+
+def test_greedy_decoding_equals_generate_with_the_same_stops(lm):
+    tok, model = lm
+    stops = ["\ndef ", "\nclass "]
+    reqs = [Request([tok(p)["input_ids"]], 1, True, 0, 24, stops) for p in PROMPTS]
+    got = _decode(tok, model, reqs)
+    for p, per_req in zip(PROMPTS, got):
+        ids = torch.tensor([tok(p)["input_ids"]])
+        with torch.inference_mode():
+            ref = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=24, stop_strings=stops, tokenizer=tok,
+                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        want = ref[0, ids.shape[1]:].tolist()
+        (seq,) = per_req[0]
+        assert seq.ids == want[:len(seq.ids)]  # generate pads after its end: the same tokens up to ours
+        assert all(t == tok.pad_token_id for t in want[len(seq.ids):])
+
+
+def test_a_sequence_leaves_the_batch_the_step_it_ends(lm, monkeypatch):
+    """The work is the tokens generated: every decoding step's batch holds only live sequences."""
+    tok, model = lm
+    rows = []
+    real = model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, **kw: rows.append(kw["input_ids"].shape[0]) or real(*a, **kw))
+    budgets = [3, 9, 17]
+    reqs = [Request([tok(PROMPTS[0])["input_ids"]], 1, True, 0, b) for b in budgets]
+    got = _decode(tok, model, reqs, end_ids=set())
+    lengths = [len(per_req[0][0].ids) for per_req in got]
+    assert lengths == budgets  # no stop strings, no end token: each runs to its budget
+    steps = rows[1:]  # after the one prefill
+    assert sum(steps) == sum(lengths) - len(lengths)  # the last token of each needs no forward pass
+    assert steps[0] == 3 and steps[-1] == 1
+
+
+def test_samples_of_a_request_do_not_depend_on_its_batch_mates_or_chunking(lm):
+    tok, model = lm
+    mine = Request([tok(PROMPTS[1])["input_ids"]], 4, False, 123, 12)
+    others = [Request([tok(p)["input_ids"]], 3, False, 7 + i, 20) for i, p in enumerate(PROMPTS)]
+    alone = _decode(tok, model, [mine], temperature=1.3, top_p=0.9)[0]
+    mates = _decode(tok, model, [others[0], mine, *others[1:]], temperature=1.3, top_p=0.9)[1]
+    chunked = _decode(tok, model, [others[0], mine, *others[1:]], temperature=1.3, top_p=0.9, max_sequences=4)[1]
+    assert [g.ids for g in alone[0]] == [g.ids for g in mates[0]] == [g.ids for g in chunked[0]]
+    assert len({tuple(g.ids) for g in alone[0]}) > 1  # sampled, not four copies
+    other_seed = _decode(tok, model, [Request(mine.prompts, 4, False, 124, 12)], temperature=1.3, top_p=0.9)[0]
+    assert [g.ids for g in other_seed[0]] != [g.ids for g in alone[0]]
+
+
+def test_logprobs_are_of_the_raw_model(lm):
+    tok, model = lm
+    ids = tok(PROMPTS[0])["input_ids"]
+    (seq,), = _decode(tok, model, [Request([ids], 1, False, 5, 10)], temperature=1.7, top_p=0.5)[0]
+    with torch.inference_mode():
+        logp = torch.log_softmax(model(torch.tensor([ids + seq.ids])).logits[0, :-1].float(), -1)
+    want = logp[len(ids) - 1:].gather(-1, torch.tensor(seq.ids)[:, None]).squeeze(-1)
+    assert seq.logprobs == pytest.approx(want.tolist(), abs=1e-4)
+
+
+def test_top_p_equals_transformers_warper():
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(0)) * 3
+    for p in (0.1, 0.5, 0.95):
+        assert torch.equal(_top_p(logits, p), TopPLogitsWarper(p)(None, logits))
+
+
+def test_chunks_group_prompts_of_similar_length_and_respect_the_cap():
+    reqs = [Request([[0] * n], 2, False, 0, 8) for n in (10, 300, 12, 290, 11)]
+    chunks = _chunks(reqs, max_sequences=4)
+    assert sorted(i for c in chunks for i in c) == list(range(5))
+    assert all(sum(reqs[i].n for i in c) <= 4 for c in chunks)
+    assert {frozenset(c) for c in chunks} == {frozenset({0, 4}), frozenset({2}), frozenset({1, 3})}
