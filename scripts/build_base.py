@@ -27,9 +27,10 @@ def main() -> int:
     args = ap.parse_args()
 
     from leakray.models import prebuilt
-    from leakray.models.offline import TinyLMConfig, pretrain
+    from leakray.models.offline import TinyLMConfig, pretrain, stdlib_sources
 
     cfg = TinyLMConfig()
+    corpus = stdlib_sources(int(cfg.corpus_mb * 1e6))
     with tempfile.TemporaryDirectory() as tmp:
         out = args.keep or Path(tmp) / "base"
         t0 = time.perf_counter()
@@ -39,10 +40,10 @@ def main() -> int:
             print("the build hit its time cap before max_steps: not the shipped model", file=sys.stderr)
             return 1
         if args.update:
-            doc = prebuilt.write(cfg, out)
+            doc = prebuilt.write(cfg, corpus, out)
             print(json.dumps(doc["key"], indent=2))
             return 0
-        ok, why = prebuilt.matches(cfg)
+        ok, why = prebuilt.matches(cfg, corpus)
         if not ok:
             print(f"not comparable here: {why}", file=sys.stderr)
             return 1

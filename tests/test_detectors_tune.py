@@ -170,3 +170,21 @@ def test_detectors_side_by_side_as_ray_tasks_give_the_sequential_result(ray_loca
         assert side["thresholds"][name] == seq["thresholds"][name]
     assert side["scores"].equals(seq["scores"])
     assert (tmp_path / "side" / "toy" / "detector.json").exists()  # saved on the driver
+
+
+def test_a_detectors_seed_tasks_merge_in_order_and_one_skipped_seed_skips_it():
+    from types import SimpleNamespace as NS
+
+    from leakray.protocols.detectors import _merge_seed_jobs
+
+    def out(name, seed, wall, peak=1.0):
+        return {"members": [name], "rows": {name: [{"detector": NS(seed=seed)}]},
+                "cost": {"wall_s": wall, "py_peak_mb": peak, "maxrss_delta_mb": peak}}
+
+    merged = _merge_seed_jobs([out("gotcha", 3, 1.0), out("min_k", 0, 0.5), out("gotcha", 1, 2.0, peak=4.0),
+                               {"members": ["cdd"], "skipped": "no column"}, out("cdd", 1, 1.0)])
+    by = {o["members"][0]: o for o in merged}
+    assert [r["detector"].seed for r in by["gotcha"]["rows"]["gotcha"]] == [3, 1]  # submission order
+    assert by["gotcha"]["cost"] == {"wall_s": 3.0, "py_peak_mb": 4.0, "maxrss_delta_mb": 4.0}
+    assert by["cdd"] == {"members": ["cdd"], "skipped": "no column"}
+    assert len(by["min_k"]["rows"]["min_k"]) == 1

@@ -59,12 +59,17 @@ def run_task(fn, *args, engine: str = "local", num_gpus: float = 0, num_cpus: fl
     return ray.get(ray.remote(num_gpus=num_gpus, num_cpus=num_cpus)(fn).remote(*args))
 
 
-def map_tasks(fn, items: list, *shared, engine: str = "local", num_cpus: float = 1, env: dict | None = None) -> list:
-    """``[fn(item, *shared) for item in items]``, here, or as one Ray task per item running side
-    by side (the shared arguments go through the object store once). ``env``: variables the
-    tasks need that a cluster's workers were not started with (plug-in detectors)."""
+def submit_tasks(fn, items: list, *shared, engine: str = "local", num_cpus: float = 1,
+                 env: dict | None = None):
+    """``[fn(item, *shared) for item in items]`` as one Ray task per item running side by side
+    (the shared arguments go through the object store once), in two halves: the tasks start now,
+    in the order given (put the longest first), and the function returned waits for their
+    results, in order, so the caller can do its own work in between (a Ray Train run fitting
+    beside the tasks). With ``engine="local"`` the work runs here when the results are asked
+    for. ``env``: variables the tasks need that a cluster's workers were not started with
+    (plug-in detectors)."""
     if engine == "local" or not items:
-        return [fn(item, *shared) for item in items]
+        return lambda: [fn(item, *shared) for item in items]
     import ray
 
     if not ray.is_initialized():  # not Ray's implicit init on the first .remote(): ours is quiet and known
@@ -73,7 +78,8 @@ def map_tasks(fn, items: list, *shared, engine: str = "local", num_cpus: float =
     refs = [ray.put(x) for x in shared]
     opts = {"num_cpus": num_cpus, **({"runtime_env": {"env_vars": env}} if env else {})}
     task = ray.remote(**opts)(fn)
-    return ray.get([task.remote(item, *refs) for item in items])
+    pending = [task.remote(item, *refs) for item in items]
+    return lambda: ray.get(pending)
 
 
 def _link_session_logs(log_dir: Path) -> None:

@@ -208,7 +208,8 @@ def ensure_base_model(cfg: TinyLMConfig | None = None, progress: bool = True) ->
 
     # the package ships the default base (what training here would give, bit for bit: checked
     # against its manifest's config, corpus and torch); anything else is trained
-    stats = None if os.environ.get("LEAKRAY_NO_PREBUILT") else prebuilt.install(cfg, tmp)
+    stats = None if os.environ.get("LEAKRAY_NO_PREBUILT") else \
+        prebuilt.install(cfg, stdlib_sources(int(cfg.corpus_mb * 1e6)), tmp)
     if stats is None:
         stats = pretrain(cfg, tmp, progress=progress)
     else:

@@ -8,8 +8,8 @@ the exact source texts read) and the torch version. `ensure_base_model` copies t
 files into the cache only when all of these match here; otherwise it trains, as before.
 
 `python scripts/build_base.py --check` rebuilds the base from scratch and compares every file
-with the manifest (bit for bit on the same corpus and torch; measured in docs/SPEED.md), and
-`--update` replaces the shipped copy.
+with the manifest (bit for bit on the same corpus and torch: two builds a day apart on this
+project's machine gave the same bytes), and `--update` replaces the shipped copy.
 """
 
 from __future__ import annotations
@@ -35,15 +35,15 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def build_key(cfg) -> dict:
-    """What decides the base's weights, bit for bit: the config, the corpus texts, torch."""
+def build_key(cfg, corpus_texts: list[str]) -> dict:
+    """What decides the base's weights, bit for bit: the config, the corpus texts
+    (`offline.stdlib_sources`), torch."""
     import torch
 
-    from leakray.models.offline import stdlib_sources
     from leakray.runs import content_hash
 
     corpus = hashlib.sha256()
-    for text in stdlib_sources(int(cfg.corpus_mb * 1e6)):
+    for text in corpus_texts:
         corpus.update(hashlib.sha256(text.encode()).digest())
     return {"config": content_hash(asdict(cfg)), "corpus_sha256": corpus.hexdigest(), "torch": torch.__version__}
 
@@ -53,12 +53,12 @@ def manifest(where: Path = SHIPPED) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def matches(cfg, where: Path = SHIPPED) -> tuple[bool, str]:
-    """Whether the shipped base is what training ``cfg`` here would give, and why not."""
+def matches(cfg, corpus_texts: list[str], where: Path = SHIPPED) -> tuple[bool, str]:
+    """Whether the shipped base is what training ``cfg`` on ``corpus_texts`` here would give, and why not."""
     shipped = manifest(where)
     if shipped is None:
         return False, "no prebuilt base in this installation"
-    here = build_key(cfg)
+    here = build_key(cfg, corpus_texts)
     for key, value in here.items():
         if shipped["key"].get(key) != value:
             return False, f"the prebuilt base was built with another {key} ({shipped['key'].get(key)} vs {value})"
@@ -66,10 +66,10 @@ def matches(cfg, where: Path = SHIPPED) -> tuple[bool, str]:
     return (False, f"the prebuilt base lacks {missing}") if missing else (True, "")
 
 
-def install(cfg, out_dir: Path, where: Path = SHIPPED) -> dict | None:
+def install(cfg, corpus_texts: list[str], out_dir: Path, where: Path = SHIPPED) -> dict | None:
     """Copy the shipped base into ``out_dir`` (checking every file's sha256) when it matches
-    ``cfg`` here; its pretrain stats (with ``prebuilt``), or None (then the caller trains)."""
-    ok, _ = matches(cfg, where)
+    ``cfg`` and the corpus here; its pretrain stats (with ``prebuilt``), or None (then the caller trains)."""
+    ok, _ = matches(cfg, corpus_texts, where)
     if not ok:
         return None
     files = manifest(where)["files"]
@@ -83,14 +83,14 @@ def install(cfg, out_dir: Path, where: Path = SHIPPED) -> dict | None:
     return {**stats, "prebuilt": True}
 
 
-def write(cfg, built: Path, where: Path = SHIPPED) -> dict:
-    """Make ``built`` (a fresh `pretrain` output for ``cfg``) the shipped base."""
+def write(cfg, corpus_texts: list[str], built: Path, where: Path = SHIPPED) -> dict:
+    """Make ``built`` (a fresh `pretrain` output for ``cfg`` on ``corpus_texts``) the shipped base."""
     where.mkdir(parents=True, exist_ok=True)
     files = {}
     for name in FILES:
         shutil.copyfile(built / name, where / name)
         files[name] = sha256(where / name)
-    doc = {"key": build_key(cfg), "files": files,
+    doc = {"key": build_key(cfg, corpus_texts), "files": files,
            "rebuild": "python scripts/build_base.py --check (compares a fresh build with these digests)"}
     (where / MANIFEST).write_text(json.dumps(doc, indent=2) + "\n")
     return doc

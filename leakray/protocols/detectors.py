@@ -64,7 +64,8 @@ def _labels(table: pa.Table, which: str) -> np.ndarray:
 DEFAULT_DETECTORS = ("cgmia", "detectleak", "ref_loss", "gt_match")  # the pre-registry set
 
 
-COST_NOTE = ("wall_s: fit + threshold + target scoring, all seeds (tracemalloc's overhead included). "
+COST_NOTE = ("wall_s: fit + threshold + target scoring, all seeds (tracemalloc's overhead included; summed over "
+             "the tasks when a detector's seeds ran as separate tasks). "
              "py_peak_mb: peak of Python-level allocations (tracemalloc: numpy arrays counted, torch tensors "
              "and native libraries not). maxrss_delta_mb: growth of the driver's peak resident set "
              "(getrusage; 0 when the detector stayed below an earlier peak). Work in Ray workers (Tune "
@@ -112,14 +113,15 @@ class _Cost:
                 "maxrss_delta_mb": round(self.maxrss_delta_mb, 2), **extra}
 
 
-def fit_and_score(members: list[str], shadow: pa.Table, target: pa.Table, seeds: list[int],
+def fit_and_score(job: tuple[list[str], list[int]], shadow: pa.Table, target: pa.Table,
                   params: Mapping[str, Mapping[str, Any]], context, trace_memory: bool, boot: dict) -> dict:
-    """One group of detectors (one detector, or those fitted by one shared run): fit on the
-    shadow, thresholds on shadow rows, target scores and metrics. Runs here or as a Ray task;
-    {"members", "rows": {name: [per seed {"detector", "threshold", "score", "prediction",
-    "metrics"}]}, "cost"}, or {"members", "skipped": why}: all seeds or none."""
+    """One job: a group of detectors (one detector, or those fitted by one shared run) and the
+    seeds it fits: fit on the shadow, thresholds on shadow rows, target scores and metrics. Runs
+    here or as a Ray task; {"members", "rows": {name: [per seed {"detector", "threshold", "score",
+    "prediction", "metrics"}]}, "cost"}, or {"members", "skipped": why}: all its seeds or none."""
     from leakray.detect import registry
 
+    members, seeds = job
     cls = registry.detector_class(members[0])
     y = _labels(target, "target")
     try:
@@ -142,6 +144,30 @@ def fit_and_score(members: list[str], shadow: pa.Table, target: pa.Table, seeds:
     except BadInput as exc:
         return {"members": members, "skipped": f"input unusable: {exc}"}
     return {"members": members, "rows": rows, "cost": cost.to_dict()}
+
+
+def _merge_seed_jobs(outcomes: list[dict]) -> list[dict]:
+    """One outcome per group: the per-seed jobs of one detector joined in seed order (any
+    seed skipped skips the detector); their costs add up (wall time: summed over the tasks,
+    memory: the largest)."""
+    merged: dict[tuple, dict] = {}
+    for out in outcomes:
+        key = tuple(out["members"])
+        have = merged.get(key)
+        if have is None:
+            merged[key] = {**out, **({"rows": {n: list(r) for n, r in out["rows"].items()}} if "rows" in out else {})}
+        elif "skipped" in have:
+            continue
+        elif "skipped" in out:
+            merged[key] = out
+        else:
+            for name, rows in out["rows"].items():
+                have["rows"][name] += rows
+            cost, more = have["cost"], out["cost"]
+            have["cost"] = {"wall_s": round(cost["wall_s"] + more["wall_s"], 3),
+                            "py_peak_mb": None if cost["py_peak_mb"] is None else max(cost["py_peak_mb"], more["py_peak_mb"]),
+                            "maxrss_delta_mb": max(cost["maxrss_delta_mb"], more["maxrss_delta_mb"])}
+    return list(merged.values())  # a detector's seed jobs come back in the order they were submitted
 
 
 def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: CGMIAConfig | None = None,
@@ -185,7 +211,7 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
     """
     from leakray.detect import registry
     from leakray.detect.base import FitContext, missing_input
-    from leakray.executor.runtime import map_tasks
+    from leakray.executor.runtime import submit_tasks
 
     config = config or CGMIAConfig()
     seeds = [int(s) for s in seeds]
@@ -235,15 +261,26 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
     for name in runnable:
         groups.setdefault(registry.detector_class(name).group or name, []).append(name)
 
-    # groups whose fit runs in this process (none, local) can run side by side as Ray tasks; the
-    # ones that start their own Ray Train or Tune run are started from here
-    jobs = list(groups.values())
-    spread = [m for m in jobs if parallel and registry.spec(m[0]).fit in ("none", "local")]
-    outcomes = map_tasks(fit_and_score, spread, shadow_table, target_table, seeds, params, context, trace_memory,
-                         boot, engine="ray" if spread else "local", env=registry.plugins_env())
-    outcomes += [fit_and_score(m, shadow_table, target_table, seeds, params, context, trace_memory, boot)
-                 for m in jobs if m not in spread]
-    for out in sorted(outcomes, key=lambda o: runnable.index(o["members"][0])):  # report order
+    # groups whose fit runs in this process (none, local) run side by side as Ray tasks, a
+    # learned one's seeds as separate tasks (each detector seeds itself: the results are the
+    # same), learned ones first (the longest tasks start first); meanwhile the groups that start
+    # their own Ray Train or Tune run are run from here
+    spread, driver = [], []
+    for members in groups.values():
+        fit = registry.spec(members[0]).fit
+        if not parallel or fit not in ("none", "local"):
+            driver.append((members, seeds))
+        elif fit == "local" and len(members) == 1:
+            spread += [(members, [s]) for s in seeds]
+        else:
+            spread.append((members, seeds))
+    spread.sort(key=lambda job: registry.spec(job[0][0]).fit != "local")  # stable: report order within
+    gather = submit_tasks(fit_and_score, spread, shadow_table, target_table, params, context, trace_memory,
+                          boot, engine="ray" if spread else "local", env=registry.plugins_env())
+    outcomes = [fit_and_score(job, shadow_table, target_table, params, context, trace_memory, boot)
+                for job in driver]
+    outcomes += gather()
+    for out in sorted(_merge_seed_jobs(outcomes), key=lambda o: runnable.index(o["members"][0])):  # report order
         members = out["members"]
         if "skipped" in out:  # an input missing for some rows (a NaN reference loss) skips it, named
             skipped.update({name: out["skipped"] for name in members})
