@@ -38,7 +38,7 @@ class SampleConfig:
     temperature: float = 0.8
     top_p: float = 0.95
     max_new_tokens: int = 160
-    batch_size: int = 8  # vLLM ignores it; HF generates task by task (see hf_sampler) and ignores it too
+    batch_size: int = 8  # tasks per collection batch: the sample stage hands a sampler one batch per call
     seed: int = 0
     threads: int = 1
     device: str = "auto"  # "auto" | "cpu" | "cuda"

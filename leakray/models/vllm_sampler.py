@@ -234,6 +234,11 @@ class VLLMSampler:
         return self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False,
                                  **extra)
 
+    # the collection stage hands over a whole batch of tasks per call (each prompt seeded by its own
+    # task, so the result does not depend on the batch); a prompt over the model's length fails the
+    # call, and the stage then samples task by task so that it fails its row alone
+    batches_tasks = True
+
     def sample(self, prompts: list[str], languages: list[str], keys: list[str], *,
                k: int | None = None, greedy: bool = False) -> list[Samples]:
         cfg = self.cfg
