@@ -96,3 +96,19 @@ def test_chunks_group_prompts_of_similar_length_and_respect_the_cap():
     assert sorted(i for c in chunks for i in c) == list(range(5))
     assert all(sum(reqs[i].n for i in c) <= 4 for c in chunks)
     assert {frozenset(c) for c in chunks} == {frozenset({0, 4}), frozenset({2}), frozenset({1, 3})}
+
+
+def test_the_fused_gelu_is_the_same_function_and_gives_the_same_tokens(lm):
+    import copy
+
+    from leakray.models.kernels import fuse_gelu
+
+    tok, model = lm
+    fused = copy.deepcopy(model)
+    assert fuse_gelu(fused) == model.config.n_layer  # one per block's MLP
+    x = torch.linspace(-6, 6, 1001)
+    act = model.transformer.h[0].mlp.act
+    assert torch.allclose(fused.transformer.h[0].mlp.act(x), act(x), atol=1e-6)
+    reqs = [Request([tok(p)["input_ids"]], 1, True, 0, 24) for p in PROMPTS]
+    assert [[g.ids for g in r[0]] for r in _decode(tok, fused, reqs)] == \
+        [[g.ids for g in r[0]] for r in _decode(tok, model, reqs)]

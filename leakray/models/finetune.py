@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from leakray.models.kernels import fuse_gelu
+
 # Leaf module names of attention q/k/v/o and FFN linears across common architectures.
 _LORA_TARGETS = {
     "c_attn", "c_proj", "c_fc",  # GPT-2 (Conv1D)
@@ -99,6 +101,7 @@ def finetune(base: str | Path, texts: list[str], cfg: FinetuneConfig, out_dir: s
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     model = AutoModelForCausalLM.from_pretrained(base)
+    fuse_gelu(model)  # the same function, a fused kernel: a few % off each step
     n_params = sum(p.numel() for p in model.parameters())
     if cfg.method == "lora":
         from peft import LoraConfig, get_peft_model

@@ -21,6 +21,7 @@ from leakray.errors import BadInput
 from leakray.models.sampler import (PROMPT_TRUNCATED_LEFT, RefScores, SampleConfig, Samples, keep,
                                     n_completions, perplexity, scorable_reference, scores_from_logprobs,
                                     task_seed)
+from leakray.models.kernels import fuse_gelu
 from leakray.models.stops import stop_strings
 
 
@@ -46,6 +47,7 @@ class HFSampler:
             self.tok.pad_token = self.tok.eos_token
         dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else "auto"
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device).eval()
+        fuse_gelu(self.model)
         own = getattr(self.model.config, "max_position_embeddings", None) or getattr(
             self.model.config, "n_positions", 4096)
         self.max_positions = min(own, cfg.max_model_len) if cfg.max_model_len else own
