@@ -12,7 +12,8 @@ Parts and their bare references:
 - probes (prefix, mask, greedy): greedy continuations vs greedy `model.generate` of the same texts;
 - execution: the sandbox stage vs plain `python -c` per program (no isolation, no harness);
 - CodeBLEU / edit distance: the score stage vs `codebleu.calc_codebleu` alone;
-- embedding: the embed stage vs the encoder's forward pass over the same texts in batches of 64.
+- embedding: the embed stage (sliding windows) vs the encoder's forward pass over the same texts
+  (completions, references, AdvPrompt completions) in batches of 64, truncated to one window.
 
     python benchmarks/bench_collect.py [--tasks 24] [--k 5] [--max-new-tokens 128] [--model PATH]
 
@@ -177,7 +178,9 @@ def main() -> None:
 
         path = resolve_encoder(ccfg.embed_model)
         enc_tok, enc_model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
-        texts = [c for comps in completions for c in comps] + [continuation(p, r) for p, r in zip(prompts, refs)]
+        # what the embed stage embeds: the k completions, the references, the AdvPrompt completions
+        texts = [c for comps in completions for c in comps] + [continuation(p, r) for p, r in zip(prompts, refs)] \
+            + [c for c in adv_done if c]
         with torch.inference_mode():
             for i in range(0, len(texts), 64):
                 batch = enc_tok(texts[i:i + 64], return_tensors="pt", padding=True, truncation=True,

@@ -121,7 +121,7 @@ class ExtraColumns:
     alt_reference_model: str | None = None  # path: and under a second, non-oracle reference model
     upper_case: bool = False  # k completions of the upper-cased prompt (BUZZER-b)
     advprompt: bool = False  # one greedy completion per AdvPrompt variant (input column adv_prompts)
-    # text-only memory probes (leakray.features.probes.PROBES): one batched greedy call each per task
+    # text-only memory probes (leakray.features.probes.PROBES): one batched greedy call each per batch of tasks
     probes: tuple[str, ...] = ()
     probe_tokens: int = 48  # generation budget of a probe continuation (it is compared over 32 code tokens)
 
