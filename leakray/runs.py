@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from dataclasses import dataclass
@@ -103,6 +104,19 @@ class StageSpec:
     summary: Callable[[dict], str] = lambda info: ""
 
 
+@dataclass
+class Together:
+    """Stages that read nothing of each other's, run side by side (one thread each, every one
+    waiting on its own Ray work: the target's and the shadow's fine-tunes). Each keeps its own
+    marker, so a killed run resumes each on its own."""
+
+    specs: tuple[StageSpec, ...]
+
+    @property
+    def name(self) -> str:
+        return "+".join(spec.name for spec in self.specs)
+
+
 def clear_partial(stage_dir: Path) -> None:
     """What a killed attempt of a stage left in its directory (a partial file, half a model)
     is never read back: an unfinished stage starts from an empty directory."""
@@ -135,13 +149,21 @@ class StageRunner:
         self.run_dir, self.console, self.store = Path(run_dir), console, store
         self.info: dict[str, dict] = {}
         self.ran: list[str] = []  # the stages this invocation ran (the others were already done)
+        self._push_lock = threading.Lock()
 
     def dir(self, name: str) -> Path:
         return self.run_dir / name
 
-    def run(self, stages: Iterable[StageSpec]) -> dict[str, dict]:
+    def run(self, stages: Iterable[StageSpec | Together]) -> dict[str, dict]:
         for spec in stages:
-            self.info[spec.name] = self.run_one(spec)
+            if isinstance(spec, Together):
+                from concurrent.futures import ThreadPoolExecutor
+
+                with ThreadPoolExecutor(len(spec.specs)) as pool:
+                    infos = list(pool.map(self.run_one, spec.specs))  # the first error is raised here
+                self.info.update({s.name: info for s, info in zip(spec.specs, infos)})
+            else:
+                self.info[spec.name] = self.run_one(spec)
         return self.info
 
     def run_one(self, spec: StageSpec) -> dict:
@@ -155,7 +177,8 @@ class StageRunner:
             stage.finish(**stats)
             self.ran.append(spec.name)
             if self.store is not None:
-                self.store.push()
+                with self._push_lock:  # stages run `Together` finish in any order
+                    self.store.push()
         info = stage.info()
         self.console.stage(spec.name, info, spec.summary(info), cached)
         return info

@@ -152,3 +152,32 @@ def test_a_run_ends_with_its_total_and_its_slowest_stages(tmp_path):
     assert time_line({}, 2.0) == "total 2 s (every stage was already done)"
     info["c"]["part_seconds"] = {"load": 2.0, "sample": 30.5, "execute": 6.0, "embed": 0.0}
     assert time_line(info, 61.2).endswith("; slowest parts (busy time): c/sample 30 s, c/execute 6 s, c/load 2 s")
+
+
+def test_stages_run_together_side_by_side_each_with_its_own_marker(tmp_path):
+    import threading
+    import time
+
+    from leakray.runs import Together
+
+    both_running = threading.Barrier(2, timeout=10)  # each waits for the other: only side by side passes
+
+    def make(name, fail=False):
+        def run(out):
+            both_running.wait()
+            if fail:
+                raise RuntimeError("killed")
+            (out / "data.txt").write_text(name)
+            return {"rows_out": 1}
+        return run
+
+    with pytest.raises(RuntimeError, match="killed"):
+        StageRunner(tmp_path, _Quiet()).run([Together((StageSpec("t", make("t")), StageSpec("s", make("s", True))))])
+    assert Stage(tmp_path, "t").done and not Stage(tmp_path, "s").done  # one finished, one did not
+    both_running.reset()
+    runner = StageRunner(tmp_path, _Quiet())
+    t0 = time.perf_counter()
+    info = runner.run([Together((StageSpec("t", make("t")), StageSpec("s", lambda out: {"rows_out": 2})))])
+    assert runner.ran == ["s"] and info["t"]["rows_out"] == 1 and info["s"]["rows_out"] == 2
+    assert time.perf_counter() - t0 < 5  # "t" was done: "s" did not wait on a barrier nobody else reaches
+    assert Together((StageSpec("t", make("t")), StageSpec("s", make("s")))).name == "t+s"

@@ -21,7 +21,7 @@ from leakray.data.folds import assign_folds
 from leakray.data.registry import load_benchmark
 from leakray.data.tasks import continuation, program_of
 from leakray.errors import BadInput
-from leakray.runs import StageRunner, StageSpec, content_hash, write_json_atomic
+from leakray.runs import StageRunner, StageSpec, Together, content_hash, write_json_atomic
 from leakray.schema import C, T
 
 ROLES = {"target": (0, 1), "shadow": (2, 3)}  # role -> (member fold, non-member fold): D1/D2, D3/D4
@@ -133,7 +133,8 @@ def preflight_isolation(cfg: SimulateConfig) -> str:
     return level
 
 
-def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner, isolation: str) -> list[StageSpec]:
+def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
+                    isolation: str) -> list[StageSpec | Together]:
     """The protocol, one StageSpec per step; each reads what earlier stages wrote in their dirs."""
     from leakray.protocols import collection
     from leakray.stages import collect as col
@@ -251,7 +252,9 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
         *([StageSpec("corpus", corpus_stage, lambda i: f"clean corpus: {i['rows_out']} files, "
                      f"{i['removed_by_screen']['files']} removed by the screener")]
           if cfg.leak.mode == "pretrain-mix" else []),
-        *(StageSpec(role, finetune_stage(role), lambda i, role=role: _leak_line(role, i)) for role in ("target", "shadow")),
+        # the two fine-tunes read only the base and their own fold: side by side, one core each
+        Together(tuple(StageSpec(role, finetune_stage(role), lambda i, role=role: _leak_line(role, i))
+                       for role in ("target", "shadow"))),
         *(StageSpec(f"collect_{role}", collect_stage(role), collect_summary) for role in ("shadow", "target")),
         StageSpec("detect", detect_stage, lambda i: f"{', '.join(i['detectors'])}"),
     ]
