@@ -20,6 +20,7 @@ recorded are of the raw, unwarped model, as `output_logits` gives them.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -58,7 +59,12 @@ def _growing_cache(reserve: int):
     """A DynamicCache whose layers write into buffers with room for ``reserve`` more positions
     after the prompt, instead of concatenating a copy of the whole cache on every step (which
     made the cache copies cost as much as the model's matrix products here)."""
-    from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+    from transformers.cache_utils import DynamicCache
+
+    try:
+        from transformers.cache_utils import Cache, DynamicLayer
+    except ImportError:  # transformers before cache layers: the plain cache (it concatenates)
+        return DynamicCache()
 
     class Layer(DynamicLayer):
         def update(self, key_states, value_states, *args, **kwargs):
@@ -138,9 +144,12 @@ def _decode_chunk(model, requests, chunk, out, pad_id, end_ids, detokenize, temp
     reserve = max(requests[i].max_new_tokens for i in chunk) + 1
     with torch.inference_mode():
         cache = _growing_cache(reserve)
-        first = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
-                      logits_to_keep=1)
-        cache = first.cache
+        # only the last position's logits (a vocabulary row per prompt token would be wasted memory)
+        params = inspect.signature(type(model).forward).parameters  # the class's (an instance may wrap it)
+        keep_last = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        arg = "cache" if "cache" in params else "past_key_values"  # the argument's name before transformers 5
+        first = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{arg: cache}, **keep_last)
+        cache = _cache_of(first)
         # the prompt's cache, copied for each of its n sequences
         seqs, expand = [], []
         for r, (i, j) in enumerate(rows):
@@ -172,10 +181,14 @@ def _decode_chunk(model, requests, chunk, out, pad_id, end_ids, detokenize, temp
                 alive = [alive[b] for b in keep]
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             nxt = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=next_pos[:, None],
-                        cache=cache, use_cache=True)
-            cache, logits, next_pos = nxt.cache, nxt.logits[:, -1], next_pos + 1
+                        use_cache=True, **{arg: cache})
+            cache, logits, next_pos = _cache_of(nxt), nxt.logits[:, -1], next_pos + 1
     for seq in seqs:
         out[seq.req][seq.prompt].append(Generated(seq.ids, seq.logprobs))
+
+
+def _cache_of(output):
+    return output.cache if getattr(output, "cache", None) is not None else output.past_key_values
 
 
 def _choose(logits: torch.Tensor, seqs: list[_Seq], requests: list[Request], gens: dict, temperature: float,
