@@ -161,7 +161,6 @@ def _decode_chunk(model, requests, chunk, out, pad_id, end_ids, detokenize, temp
         logits = first.logits[index, -1]
         mask, next_pos = mask[index], pos[index, -1] + 1
         alive = list(range(len(seqs)))  # positions in the batch -> seqs
-        step = 0
         while alive:
             chosen, logp = _choose(logits, [seqs[s] for s in alive], requests, gens, temperature, top_p)
             keep = []
@@ -171,7 +170,6 @@ def _decode_chunk(model, requests, chunk, out, pad_id, end_ids, detokenize, temp
                 seq.logprobs.append(lp)
                 if not _ended(seq, tok, requests[seq.req], end_ids, detokenize):
                     keep.append(b)
-            step += 1
             if len(keep) < len(alive):
                 if not keep:
                     break
