@@ -191,9 +191,10 @@ class SampleStage:
         def timed(part: str, fn):
             t0 = time.perf_counter()
             got = fn()
-            self.kind_seconds[part] += time.perf_counter() - t0
+            spent = time.perf_counter() - t0
+            self.kind_seconds[part] += spent
             for p in pre:
-                p["seconds"][part] = p["seconds"].get(part, 0.0) + (time.perf_counter() - t0) / n
+                p["seconds"][part] = p["seconds"].get(part, 0.0) + spent / n
             return got
 
         def continuations(cuts_of: list[list[int]], part: str) -> list[list[str]]:
