@@ -32,16 +32,18 @@ class KeyFilter:
     def nbytes(self) -> int:
         return self.table.nbytes
 
-    def maybe(self, values: np.ndarray) -> np.ndarray:
-        """Positions of the values that may be indexed (all indexed ones, a few others)."""
-        slots = values >> self.shift
+    def maybe(self, values: np.ndarray, value_bits: int = VALUE_BITS) -> np.ndarray:
+        """Positions of the values that may be indexed (all indexed ones, a few others).
+        `value_bits`: 64 for full-width n-grams, whose top VALUE_BITS bits are the shingle value
+        (they are looked up as they are, with no pass to cut them first)."""
+        slots = values >> (self.shift + _U64(value_bits - VALUE_BITS))
         return np.flatnonzero(self.table.take(slots.view(np.int64)))
 
 
 def expand_matches(sorted_keys: np.ndarray, owner: np.ndarray, query: np.ndarray, query_row: np.ndarray,
                    min_hits: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For each query key, every owner of an equal key: distinct (query_row, owner) pairs and how
-    many keys matched each; with `min_hits` (per owner) only pairs matched by that many keys."""
+    many distinct keys matched each; with `min_hits` (per owner) only pairs matched by that many keys."""
     none = np.empty(0, np.int64)
     if len(query) == 0 or len(sorted_keys) == 0:
         return none, none, none
@@ -50,7 +52,10 @@ def expand_matches(sorted_keys: np.ndarray, owner: np.ndarray, query: np.ndarray
     if not hit.any():
         return none, none, none
     lo, qrow = lo[hit], query_row[hit]
-    cnt = np.searchsorted(sorted_keys, query[hit], side="right") - lo
+    # a key repeated in one row counts once (the query may hold a text's shingles with repeats)
+    _, once = np.unique(qrow.astype(np.int64) * len(sorted_keys) + lo, return_index=True)
+    lo, qrow = lo[once], qrow[once]
+    cnt = np.searchsorted(sorted_keys, sorted_keys[lo], side="right") - lo
     total = int(cnt.sum())
     # positions lo[i] .. lo[i]+cnt[i]-1 for every hit, without a Python loop
     run_start = np.repeat(np.cumsum(cnt) - cnt, cnt)

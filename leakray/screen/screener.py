@@ -24,7 +24,7 @@ from leakray.schema import P
 from leakray.screen.index import EPS, BenchmarkIndex
 from leakray.screen.minhash import estimate_jaccard
 from leakray.screen.readers import Piece, Reader, Skip, check_bytes
-from leakray.screen.shingle import shingle_batch, token_sequence
+from leakray.screen.shingle import ShingleSets, TextGrams, token_sequence
 from leakray.screen.verify import Runs, aligned_span, intersections
 
 # keys of a worker's pair record beyond the P columns
@@ -64,27 +64,19 @@ def screen_documents(index: BenchmarkIndex, ids: list[str], docs: list[bytes], s
     stats = Stats() if stats is None else stats
     cfg = index.config
     t0 = time.perf_counter()
-    files = shingle_batch(docs, cfg.ngram)
-    fsize = files.sizes
-    short = np.flatnonzero(fsize < cfg.ngram)
+    grams = TextGrams(docs, cfg.ngram)
+    short = np.flatnonzero(grams.distinct_floor(np.arange(len(docs)), cfg.ngram - 1) < cfg.ngram)
     for i in short:
         stats.skip("too_short", ids[i], "texts")
     stats["texts_screened"] += len(docs) - len(short)
     stats["bytes"] += sum(len(d) for d in docs)
 
-    # candidates by rare shingles: exact for the reporting rule (index.py says why)
-    maybe = index.keyfilter.maybe(files.values)
-    values = files.values[maybe]
-    rows = np.searchsorted(files.offsets, maybe, side="right") - 1
+    # candidates by rare shingles: exact for the reporting rule (index.py says why); the key
+    # filter reads the n-grams as they come, unsorted (a repeated key counts once)
+    values, rows = grams.select(lambda g: index.keyfilter.maybe(g, value_bits=64))
     cf, ce, shared = expand_matches(index.keys, index.owner, values, rows, min_hits=index.need)
-    fz, ez = fsize[cf], index.sizes[ce]
-    t = cfg.threshold
-    jac_ok = (shared >= index.need_jaccard[ce]) & (fz >= t * ez - EPS) & (fz <= ez / t + EPS)
-    con_ok = (shared >= index.need_contain[ce]) & (fz >= index.contain_need[ce])
-    keep = jac_ok | con_ok
-    cf, ce, shared, jac_ok, con_ok = cf[keep], ce[keep], shared[keep], jac_ok[keep], con_ok[keep]
-    n_rare = len(cf)
     tokens: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # each text tokenized at most once
+    rf = re_ = runs = np.empty(0, np.int64)
     if index.runs is not None:  # candidates by token runs, in the texts holding a run's first shingle
         runs_rows, runs_values = [], []
         for f in np.unique(rows[index.runs.starts_in(values)]).tolist():
@@ -95,17 +87,27 @@ def screen_documents(index: BenchmarkIndex, ids: list[str], docs: list[bytes], s
         if runs_rows:
             rf, re_, runs = expand_matches(index.runs.keys, index.runs.owner, np.concatenate(runs_values),
                                            np.concatenate(runs_rows), min_hits=index.need_runs)
-            ok = fsize[rf] >= index.contain_need[re_]
-            rf, re_, runs = rf[ok], re_[ok], runs[ok]
-            cf, ce, shared = np.concatenate([cf, rf]), np.concatenate([ce, re_]), np.concatenate([shared, runs])
-            jac_ok = np.concatenate([jac_ok, np.zeros(len(rf), bool)])  # runs are containment evidence
-            con_ok = np.concatenate([con_ok, np.ones(len(rf), bool)])
+
+    cand, files, fsize = _candidate_sets(grams, index, cf, ce, shared, rf)
+    fz, ez = fsize[cf], index.sizes[ce]
+    t = cfg.threshold
+    jac_ok = (shared >= index.need_jaccard[ce]) & (fz >= t * ez - EPS) & (fz <= ez / t + EPS)
+    con_ok = (shared >= index.need_contain[ce]) & (fz >= index.contain_need[ce])
+    keep = jac_ok | con_ok
+    cf, ce, shared, jac_ok, con_ok = cf[keep], ce[keep], shared[keep], jac_ok[keep], con_ok[keep]
+    n_rare = len(cf)
+    if len(rf):  # runs are containment evidence
+        ok = fsize[rf] >= index.contain_need[re_]
+        rf, re_, runs = rf[ok], re_[ok], runs[ok]
+        cf, ce, shared = np.concatenate([cf, rf]), np.concatenate([ce, re_]), np.concatenate([shared, runs])
+        jac_ok = np.concatenate([jac_ok, np.zeros(len(rf), bool)])
+        con_ok = np.concatenate([con_ok, np.ones(len(rf), bool)])
     stats["candidates"] += len(cf)
     if len(cf) == 0:
         stats["seconds"] += time.perf_counter() - t0
         return []
 
-    inter = intersections(index.sets, files, cf, ce)
+    inter = intersections(index.sets, files, np.searchsorted(cand, cf), ce)
     esize = index.sizes[ce]
     jac = inter / (esize + fsize[cf] - inter)
     con = inter / esize
@@ -138,7 +140,7 @@ def screen_documents(index: BenchmarkIndex, ids: list[str], docs: list[bytes], s
     if out:  # the MinHash estimate beside every reported pair (signatures of reported texts only)
         fs = np.array([r["_f"] for r in out])
         uniq, inv = np.unique(fs, return_inverse=True)
-        sigs = index.hasher.signatures(files, uniq)
+        sigs = index.hasher.signatures(files, np.searchsorted(cand, uniq))
         est = estimate_jaccard(sigs[inv], index.sigs[[r[ENTRY] for r in out]])
         for r, ej in zip(out, est.tolist()):
             f = r.pop("_f")
@@ -148,6 +150,29 @@ def screen_documents(index: BenchmarkIndex, ids: list[str], docs: list[bytes], s
     stats["pairs"] += len(out)
     stats["seconds"] += time.perf_counter() - t0
     return out
+
+
+def _candidate_sets(grams: TextGrams, index: BenchmarkIndex, cf: np.ndarray, ce: np.ndarray, shared: np.ndarray,
+                    rf: np.ndarray) -> tuple[np.ndarray, ShingleSets, np.ndarray]:
+    """(rows, sets, fsize): the candidate texts that need their sorted distinct shingles (`sets`,
+    in the order of `rows`), and the distinct count of every candidate text by batch row: exact
+    for those; for the others, above the largest size any of their Jaccard pairs admits.
+
+    Pairs by containment or runs are decided on the sets. A pair that may only pass by Jaccard
+    needs fz <= ez / t: a large corpus text that shares a few rare shingles by chance is ruled
+    out on a prefix of its n-grams, without sorting them all (most candidates are such texts)."""
+    t = index.config.threshold
+    exact = np.union1d(cf[shared >= index.need_contain[ce]], rf)
+    jac = (shared >= index.need_jaccard[ce]) & ~np.isin(cf, exact)
+    jrows, inv = np.unique(cf[jac], return_inverse=True)
+    limit = np.zeros(len(jrows), np.int64)  # per text: the largest size its Jaccard pairs admit
+    np.maximum.at(limit, inv, np.floor(index.sizes[ce[jac]] / t + EPS).astype(np.int64))
+    fsize = np.zeros(len(grams), np.int64)
+    fsize[jrows] = grams.distinct_floor(jrows, limit)
+    rows = np.union1d(exact, jrows[fsize[jrows] <= limit])
+    sets = grams.distinct(rows)
+    fsize[rows] = sets.sizes
+    return rows, sets, fsize
 
 
 def _location(doc: bytes, runs: Runs, first: int, last: int, piece: Piece | None) -> dict:

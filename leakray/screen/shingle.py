@@ -260,13 +260,19 @@ class ShingleSets:
         return cls(values, np.concatenate(offs))
 
 
-def _shingle_chunk(docs: list[bytes], ngram: int) -> ShingleSets:
-    ndoc = len(docs)
+def _chunk_grams(docs: list[bytes], ngram: int) -> tuple[np.ndarray, np.ndarray]:
+    """(grams, tok_end) of documents joined into one text: `fold` of every run of `ngram`
+    tokens, full width, runs that cross into the next document included; and the number of
+    tokens before each document's end (document d's tokens are tok_end[d-1]:tok_end[d])."""
     data, starts, ends = _prepared(b"\n".join(docs) + b"\n")
     th = token_hashes(data, starts, ends)
-    doc_end = np.cumsum(np.fromiter((len(d) + 1 for d in docs), dtype=np.int64, count=ndoc))
-    tok_end = np.searchsorted(starts, doc_end)  # tokens before each document's end
-    sh = fold(th, ngram)
+    doc_end = np.cumsum(np.fromiter((len(d) + 1 for d in docs), dtype=np.int64, count=len(docs)))
+    return fold(th, ngram), np.searchsorted(starts, doc_end)
+
+
+def _shingle_chunk(docs: list[bytes], ngram: int) -> ShingleSets:
+    ndoc = len(docs)
+    sh, tok_end = _chunk_grams(docs, ngram)
     m = len(sh)
     if m == 0:
         return ShingleSets(np.empty(0, _U64), np.zeros(ndoc + 1, np.int64))
@@ -293,14 +299,107 @@ def shingle_batch(texts: Sequence[str | bytes], ngram: int = 2, chunk_bytes: int
     """Distinct n-gram shingle hashes of each text; documents with fewer than `ngram` tokens get none."""
     if ngram < 1:
         raise ValueError("ngram must be >= 1")
-    docs = [as_bytes(t) for t in texts]
-    parts, cur, size = [], [], 0
-    for d in docs:
+    return ShingleSets.concat([_shingle_chunk(docs, ngram) for docs in _chunks(texts, chunk_bytes)])
+
+
+def _chunks(texts: Sequence[str | bytes], chunk_bytes: int) -> list[list[bytes]]:
+    """The texts as bytes, in runs of about `chunk_bytes` (at least one text each)."""
+    chunks, cur, size = [], [], 0
+    for t in texts:
+        d = as_bytes(t)
         if cur and (size + len(d) > chunk_bytes or len(cur) >= MAX_DOCS_PER_CHUNK - 1):
-            parts.append(_shingle_chunk(cur, ngram))
+            chunks.append(cur)
             cur, size = [], 0
         cur.append(d)
         size += len(d) + 1
     if cur:
-        parts.append(_shingle_chunk(cur, ngram))
+        chunks.append(cur)
+    return chunks
+
+
+class TextGrams:
+    """The n-grams of many texts in text order, repeats kept: what the corpus pass needs.
+
+    `shingle_batch` sorts every text's n-grams to get its distinct set, the costliest step of a
+    corpus pass; but most corpus texts share nothing rare with a benchmark. Here the key filter
+    reads the n-grams as they come (`select`), and only the few candidate texts get their sorted
+    distinct shingles (`distinct`). The values are those of `shingle_batch`: the top VALUE_BITS
+    bits of the full-width `fold` values held here."""
+
+    def __init__(self, texts: Sequence[str | bytes], ngram: int = 2, chunk_bytes: int = CHUNK_BYTES):
+        if ngram < 1:
+            raise ValueError("ngram must be >= 1")
+        self.ngram = ngram
+        self._grams: list[np.ndarray] = []  # per chunk: the n-grams of its joined texts, crossing ones too
+        chunk, first, count = [], [], []
+        for docs in _chunks(texts, chunk_bytes):
+            grams, tok_end = _chunk_grams(docs, ngram)
+            tok_start = np.concatenate([np.zeros(1, np.int64), tok_end[:-1]])
+            chunk.append(np.full(len(docs), len(self._grams), dtype=np.int64))
+            first.append(tok_start)  # a text's n-grams start at its first token
+            count.append(np.maximum(tok_end - tok_start - (ngram - 1), 0))
+            self._grams.append(grams)
+        cat = np.concatenate if chunk else (lambda _: np.empty(0, np.int64))
+        self.chunk, self.first, self.count = cat(chunk), cat(first), cat(count)  # of each text
+        self._bounds = np.searchsorted(self.chunk, np.arange(len(self._grams) + 1))  # texts of each chunk
+
+    def __len__(self) -> int:
+        return len(self.count)
+
+    def of(self, row: int, head: int | None = None) -> np.ndarray:
+        """Shingle values of one text (its first `head`), in order, repeats kept."""
+        f = int(self.first[row])
+        n = int(self.count[row]) if head is None else head
+        return self._grams[int(self.chunk[row])][f:f + n] >> _DROP
+
+    def select(self, positions) -> tuple[np.ndarray, np.ndarray]:
+        """(values, rows): the shingles at `positions(grams)` of each chunk's full-width n-grams,
+        and the text of each; n-grams that cross into the next text are dropped, repeats kept."""
+        values, rows = [], []
+        for c, grams in enumerate(self._grams):
+            pos = positions(grams)
+            lo, hi = self._bounds[c], self._bounds[c + 1]
+            # the last text starting at or before each n-gram (empty texts share their start)
+            row = np.searchsorted(self.first[lo:hi], pos, side="right") + (lo - 1)
+            inside = (pos - self.first[row]) < self.count[row]
+            values.append(grams[pos[inside]] >> _DROP)
+            rows.append(row[inside])
+        if not values:
+            return np.empty(0, _U64), np.empty(0, np.int64)
+        return np.concatenate(values), np.concatenate(rows)
+
+    def distinct(self, rows: np.ndarray) -> ShingleSets:
+        """The sorted distinct shingles of these texts (as `shingle_batch` gives them), in order."""
+        return _distinct_sets([self.of(r) for r in np.asarray(rows).tolist()])
+
+    def distinct_floor(self, rows: np.ndarray, limit: np.ndarray | int) -> np.ndarray:
+        """Per text: its number of distinct shingles where that is at most `limit` (per row), else
+        a number above `limit`. Counted on its first 4 (limit + 1) n-grams, and on the whole text
+        only where those hold too few: a large text is ruled out without sorting all its shingles."""
+        rows = np.asarray(rows, dtype=np.int64)
+        limit = np.broadcast_to(np.asarray(limit, dtype=np.int64), rows.shape)
+        head = np.minimum(self.count[rows], 4 * (limit + 1))
+        n = _distinct_sets([self.of(r, h) for r, h in zip(rows.tolist(), head.tolist())]).sizes
+        again = np.flatnonzero((n <= limit) & (head < self.count[rows]))
+        n[again] = _distinct_sets([self.of(r) for r in rows[again].tolist()]).sizes
+        return n
+
+
+def _distinct_sets(pieces: list[np.ndarray]) -> ShingleSets:
+    """The sorted distinct values of each array of shingle values: one sort per group of arrays,
+    the array's number in the top bits (as in `_shingle_chunk`)."""
+    parts = []
+    for g in range(0, max(len(pieces), 1), MAX_DOCS_PER_CHUNK - 1):
+        group = pieces[g:g + MAX_DOCS_PER_CHUNK - 1]
+        sizes = np.fromiter((len(p) for p in group), dtype=np.int64, count=len(group))
+        v = np.concatenate(group) if group else np.empty(0, _U64)
+        v |= np.repeat(np.arange(len(group), dtype=_U64) << _DOC_SHIFT, sizes)
+        v.sort()
+        keep = np.empty(len(v), dtype=bool)
+        keep[:1] = True
+        np.not_equal(v[1:], v[:-1], out=keep[1:])
+        v = v[keep]
+        offsets = np.searchsorted(v, np.arange(len(group) + 1, dtype=_U64) << _DOC_SHIFT)
+        v &= VALUE_MASK
+        parts.append(ShingleSets(v, offsets.astype(np.int64)))
     return ShingleSets.concat(parts)
