@@ -1,8 +1,8 @@
 """Candidate pairs from a sorted key index: every (corpus text, benchmark entry) sharing enough keys.
 
 One sorted uint64 array holds the indexed keys of every entry and `owner` the entry of each
-key, so a probe for a whole batch of corpus texts is one ``np.searchsorted``; a byte table on
-the top bits of the keys first drops most corpus shingles with one lookup each.
+key, so a probe for a whole batch of corpus texts is one vectorised lookup (`SortedKeys`); a byte
+table on the top bits of the keys first drops most corpus shingles with one lookup each.
 
 `RunIndex` finds indexed token runs (the evidence of tests with too few rare shingles, such as
 tests made of numbers) in the few corpus texts that hold the first shingle of one.
@@ -40,21 +40,67 @@ class KeyFilter:
         return np.flatnonzero(self.table.take(slots.view(np.int64)))
 
 
-def expand_matches(sorted_keys: np.ndarray, owner: np.ndarray, query: np.ndarray, query_row: np.ndarray,
-                   min_hits: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+class SortedKeys:
+    """Sorted 48-bit keys and a table of where each slot of their top bits begins among them, so
+    that finding a value is one lookup and a short scan of its slot (most hold one key or none).
+    The values the key filter passes come unsorted, in text order, and a binary search of each
+    over all keys costs a cache miss per step."""
+
+    def __init__(self, keys: np.ndarray, slots_per_key: int = 1, max_bits: int = 24):
+        self.keys = keys
+        bits = int(np.clip(np.ceil(np.log2(max(1, len(keys)) * slots_per_key)), 1, max_bits))
+        self.shift = _U64(VALUE_BITS - bits)
+        self.start = np.searchsorted(keys >> self.shift, np.arange((1 << bits) + 1, dtype=_U64)).astype(np.int32)
+
+    @property
+    def nbytes(self) -> int:
+        return self.start.nbytes
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def find(self, values: np.ndarray) -> np.ndarray:
+        """Index of the first key equal to each value, or -1 (48-bit values)."""
+        slot = (values >> self.shift).view(np.int64)
+        lo, hi = self.start.take(slot).astype(np.int64), self.start.take(slot + 1)
+        # step past the smaller keys of the slot, for the values still short of theirs
+        todo = np.flatnonzero(lo < hi)
+        while len(todo):
+            at = lo[todo]
+            smaller = self.keys.take(at) < values[todo]
+            todo = todo[smaller]
+            lo[todo] += 1
+            todo = todo[lo[todo] < hi[todo]]
+        found = self.keys.take(lo, mode="clip") == values
+        return np.where(found, lo, -1)
+
+
+def _distinct(a: np.ndarray) -> np.ndarray:
+    """Sorted distinct values of `a`, sorted in place (np.unique hashes first: slower here)."""
+    a.sort()
+    keep = np.empty(len(a), dtype=bool)
+    keep[:1] = True
+    np.not_equal(a[1:], a[:-1], out=keep[1:])
+    return a[keep]
+
+
+def expand_matches(sorted_keys: np.ndarray | SortedKeys, owner: np.ndarray, query: np.ndarray,
+                   query_row: np.ndarray, min_hits: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For each query key, every owner of an equal key: distinct (query_row, owner) pairs and how
     many distinct keys matched each; with `min_hits` (per owner) only pairs matched by that many keys."""
     none = np.empty(0, np.int64)
     if len(query) == 0 or len(sorted_keys) == 0:
         return none, none, none
-    lo = np.searchsorted(sorted_keys, query, side="left")
-    hit = sorted_keys.take(lo, mode="clip") == query
+    table = sorted_keys if isinstance(sorted_keys, SortedKeys) else SortedKeys(sorted_keys)
+    sorted_keys = table.keys
+    lo = table.find(query)
+    hit = lo >= 0
     if not hit.any():
         return none, none, none
     lo, qrow = lo[hit], query_row[hit]
     # a key repeated in one row counts once (the query may hold a text's shingles with repeats)
-    _, once = np.unique(qrow.astype(np.int64) * len(sorted_keys) + lo, return_index=True)
-    lo, qrow = lo[once], qrow[once]
+    once = _distinct(qrow.astype(np.int64) * len(sorted_keys) + lo)
+    qrow, lo = np.divmod(once, len(sorted_keys))
     cnt = np.searchsorted(sorted_keys, sorted_keys[lo], side="right") - lo
     total = int(cnt.sum())
     # positions lo[i] .. lo[i]+cnt[i]-1 for every hit, without a Python loop

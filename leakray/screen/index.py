@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from leakray.screen.candidates import KeyFilter, RunIndex
+from leakray.screen.candidates import KeyFilter, RunIndex, SortedKeys
 from leakray.screen.minhash import SCHEME, MinHasher, permutations
 from leakray.screen.parts import PARTS
 from leakray.screen.rarity import common_tokens, shingle_commonness
@@ -200,6 +200,7 @@ class BenchmarkIndex:
         self.need = np.minimum(self.need_jaccard, self.need_contain)  # a candidate hits this many
         order = np.argsort(keys, kind="stable")
         self.keys, self.owner = keys[order], owner[order]
+        self.lookup = SortedKeys(self.keys)
 
     def _build_runs(self, groups: np.ndarray, token_kinds: list[tuple[np.ndarray, np.ndarray]],
                     data: np.ndarray) -> None:
@@ -261,4 +262,5 @@ class BenchmarkIndex:
                   self.owner, self.need, self.need_jaccard, self.need_contain, self.rare, self.sizes, self.screenable,
                   self.by_rare, self.by_runs, self.contain_ok, self.contain_need, self.keyfilter.table, self.n_runs,
                   self.need_runs)
-        return sum(a.nbytes for a in arrays) + (self.runs.nbytes if self.runs is not None else 0)
+        return (sum(a.nbytes for a in arrays) + self.lookup.nbytes
+                + (self.runs.nbytes if self.runs is not None else 0))
