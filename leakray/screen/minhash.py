@@ -6,7 +6,8 @@ signature is the per-permutation minimum. The (a, b) draws are datasketch's own
 (``np.random.RandomState(seed)``), so ``datasketch.MinHash(num_perm, seed, scheme="affine32",
 hashfunc=lambda v: v)`` fed the same 32-bit values yields the same hashvalues; tests check this.
 The work is one (shingles x num_perm) uint32 block per group of documents, min-reduced per
-document with ``np.minimum.reduceat``.
+document with ``np.minimum.reduceat``. Blocks of 512 rows (512 KiB at 256 permutations) stay in
+cache: 8192-row blocks (8 MiB) made the signatures of a few large texts 9x slower.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 class MinHasher:
-    def __init__(self, num_perm: int = 256, seed: int = 1, block_rows: int = 8192):
+    def __init__(self, num_perm: int = 256, seed: int = 1, block_rows: int = 512):
         if num_perm < 1:
             raise ValueError("num_perm must be positive")
         self.num_perm, self.seed, self.block_rows = num_perm, seed, block_rows

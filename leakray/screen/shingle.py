@@ -108,16 +108,17 @@ def _words(buf: np.ndarray) -> np.ndarray:
     return np.ndarray((len(buf) - 7,), dtype="<u8", buffer=buf, strides=(1,))
 
 
-def _classes(buf: bytes) -> np.ndarray:
+def _classes(buf: bytes | bytearray) -> np.ndarray:
     """The class of every byte of `buf`; a backslash, and an n/t/r right after one, are spaces."""
-    q = np.frombuffer(buf.translate(_CLASS_TABLE), dtype=np.uint8)
+    q = np.frombuffer(buf.translate(_CLASS_TABLE), dtype=np.uint8)  # writable for a bytearray
     if b"\\" in buf:
         raw = np.frombuffer(buf, dtype=np.uint8)
         after = np.flatnonzero(raw == 92) + 1
         after = after[after < len(raw)]
         after = after[_ESCAPED.take(raw.take(after))]
         if len(after):
-            q = q.copy()
+            if not q.flags.writeable:
+                q = q.copy()
             q[after] = _SPACE
     return q
 
@@ -133,15 +134,16 @@ def _token_bounds(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     start = np.empty(len(q), dtype=bool)
     start[0] = q[0] != _SPACE
     np.greater(q[1:], word[:-1], out=start[1:])
-    end = np.empty(len(q), dtype=bool)  # the last byte of a token
-    end[-1] = False  # whitespace padding
-    np.greater(q[:-1], word[1:], out=end[:-1])
-    return np.flatnonzero(start), np.flatnonzero(end) + 1
+    end = np.empty(len(q), dtype=bool)  # the byte after a token's last
+    end[0] = False
+    np.greater(q[:-1], word[1:], out=end[1:])
+    return np.flatnonzero(start), np.flatnonzero(end)
 
 
-def _prepared(text: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(bytes padded for `token_hashes`, token starts, token ends) of `text`."""
-    buf = text + _PAD_BYTES
+def _prepared(texts: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(bytes padded for `token_hashes`, token starts, token ends) of the texts joined, each
+    followed by a line break: one copy of the bytes, writable, so the classes are fixed in place."""
+    buf = bytearray(b"\n").join([*texts, _PAD_BYTES])
     starts, ends = _token_bounds(_classes(buf))
     return np.frombuffer(buf, dtype=np.uint8), starts, ends
 
@@ -170,22 +172,30 @@ def token_hashes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.n
             # the token's last 8 bytes with its length: 9 to 16 bytes are covered (most long tokens)
             size = lengths[long]
             w = win[ends[long] - 8]
-            w ^= size.astype(_U64) * _LEN_MIX
-            h[long] ^= _fmix64_inplace(w)
+            w ^= size.view(_U64) * _LEN_MIX
+            _fmix64_inplace(w)
             mid = np.flatnonzero(size > 16)
             if len(mid):  # and every whole word between the first and the last one
-                pos, nw = starts[long[mid]], (size[mid] + 7) // 8 - 2
-                seg = np.cumsum(nw) - nw
-                k = np.arange(int(nw.sum())) - np.repeat(seg, nw) + 1
-                w = win[np.repeat(pos, nw) + 8 * k]
-                w ^= k.astype(_U64) * _WORD_MIX
-                h[long[mid]] ^= np.bitwise_xor.reduceat(_fmix64_inplace(w), seg)
+                w[mid] ^= _middle_words(win, starts[long[mid]], size[mid])
+            h[long] ^= w
     return h
+
+
+def _middle_words(win: np.ndarray, pos: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Per token over 16 bytes (at `pos`, of `size` bytes): the XOR of its whole words after the
+    first and before the last, word k (1, 2, ...) mixed with k, by fmix64."""
+    nw = (size - 9) >> 3  # words between: ceil(size / 8) - 2
+    seg = np.cumsum(nw) - nw  # each token's first word in the flat list
+    k = np.arange(int(seg[-1] + nw[-1])) - np.repeat(seg - 1, nw)
+    with np.errstate(over="ignore"):
+        w = win[np.repeat(pos, nw) + (k << 3)]
+        w ^= k.view(_U64) * _WORD_MIX
+        return np.bitwise_xor.reduceat(_fmix64_inplace(w), seg)
 
 
 def token_sequence(text: str | bytes) -> tuple[np.ndarray, np.ndarray]:
     """(token hashes, start offsets) of one text, in order (aligned verification)."""
-    data, starts, ends = _prepared(as_bytes(text) + b"\n")
+    data, starts, ends = _prepared([as_bytes(text)])
     return token_hashes(data, starts, ends), starts
 
 
@@ -265,7 +275,7 @@ def _chunk_grams(docs: list[bytes], ngram: int) -> tuple[np.ndarray, np.ndarray]
     """(grams, tok_end) of documents joined into one text: `fold` of every run of `ngram`
     tokens, full width, runs that cross into the next document included; and the number of
     tokens before each document's end (document d's tokens are tok_end[d-1]:tok_end[d])."""
-    data, starts, ends = _prepared(b"\n".join(docs) + b"\n")
+    data, starts, ends = _prepared(docs)
     th = token_hashes(data, starts, ends)
     doc_end = np.cumsum(np.fromiter((len(d) + 1 for d in docs), dtype=np.int64, count=len(docs)))
     return fold(th, ngram), np.searchsorted(starts, doc_end)
