@@ -16,28 +16,35 @@ from leakray.screen.shingle import VALUE_BITS, fold, run_values
 
 _U64 = np.uint64
 COUNT_TABLE_MAX = 1 << 21  # (rows x owners) up to this many: count hits with one bincount, else sort
+_SLOT_MIX = _U64(0x9E3779B97F4A7C15)  # multiplicative hashing: the top bits depend on every bit
 
 
 class KeyFilter:
-    """A table (one byte per slot) answering "maybe indexed" for 48-bit shingle values, addressed
-    by their top bits: the values are hash outputs, and a shift needs no mask and no cast."""
+    """A table (one byte per slot) answering "maybe indexed" for n-grams read before their last
+    mixing step (`shingle.fold_open`, a bijection of the n-gram): the slot is the top bits of
+    the open value times an odd constant, two passes where the last fmix64 takes eight. An
+    n-gram whose shingle value equals a key's is the key's n-gram (but with probability 2^-48,
+    a collision that is no copy), so every indexed n-gram passes, and a few others."""
 
-    def __init__(self, keys: np.ndarray, slots_per_key: int = 32, min_bits: int = 12, max_bits: int = 24):
-        bits = int(np.clip(np.ceil(np.log2(max(1, len(keys)) * slots_per_key)), min_bits, max_bits))
-        self.shift = _U64(VALUE_BITS - bits)
+    def __init__(self, open_keys: np.ndarray, slots_per_key: int = 32, min_bits: int = 12, max_bits: int = 24):
+        bits = int(np.clip(np.ceil(np.log2(max(1, len(open_keys)) * slots_per_key)), min_bits, max_bits))
+        self.shift = _U64(64 - bits)
         self.table = np.zeros(1 << bits, dtype=bool)
-        self.table[(keys >> self.shift).astype(np.intp)] = True
+        self.table[self._slots(open_keys)] = True
 
     @property
     def nbytes(self) -> int:
         return self.table.nbytes
 
-    def maybe(self, values: np.ndarray, value_bits: int = VALUE_BITS) -> np.ndarray:
-        """Positions of the values that may be indexed (all indexed ones, a few others).
-        `value_bits`: 64 for full-width n-grams, whose top VALUE_BITS bits are the shingle value
-        (they are looked up as they are, with no pass to cut them first)."""
-        slots = values >> (self.shift + _U64(value_bits - VALUE_BITS))
-        return np.flatnonzero(self.table.take(slots.view(np.int64)))
+    def _slots(self, open_values: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore"):
+            slots = open_values * _SLOT_MIX
+        slots >>= self.shift
+        return slots.view(np.int64)
+
+    def maybe(self, open_values: np.ndarray) -> np.ndarray:
+        """Positions of the open n-grams that may be indexed (all indexed ones, a few others)."""
+        return np.flatnonzero(self.table.take(self._slots(open_values)))
 
 
 class SortedKeys:

@@ -42,8 +42,8 @@ from leakray.screen.candidates import KeyFilter, RunIndex, SortedKeys
 from leakray.screen.minhash import SCHEME, MinHasher, permutations
 from leakray.screen.parts import PARTS
 from leakray.screen.rarity import common_tokens, shingle_commonness
-from leakray.screen.shingle import (TOKENIZER_NAME, VALUE_BITS, ShingleSets, as_bytes, fold, run_grams, run_values,
-                                    shingle_batch, token_sequence)
+from leakray.screen.shingle import (TOKENIZER_NAME, VALUE_BITS, ShingleSets, as_bytes, close, fold, fold_open, run_grams,
+                                    run_values, shingle_batch, token_sequence)
 
 EPS = 1e-9
 BOILERPLATE_MIN_TASKS = 3  # a shingle (or run) in the texts of this many tasks ...
@@ -149,7 +149,8 @@ class BenchmarkIndex:
         self._build_candidates(texts, groups)
         self._build_runs(groups, kinds, np.zeros(self.n, bool) if data is None else np.asarray(data, bool))
         # one prefilter for both: rare shingles, and the first shingles of indexed runs
-        self.keyfilter = KeyFilter(np.concatenate([self.keys, self.runs.first]) if self.runs else self.keys)
+        self.keyfilter = KeyFilter(self._open_keys(np.concatenate([self.keys, self.runs.first]) if self.runs
+                                                   else self.keys))
         self.screenable = self.by_rare | self.by_runs
         self.contain_need = required_shared(self.sizes, config.containment or 1.0)
 
@@ -160,6 +161,13 @@ class BenchmarkIndex:
 
     def tokens(self, e: int) -> np.ndarray:
         return self.token_values[self.token_offsets[e]:self.token_offsets[e + 1]]
+
+    def _open_keys(self, values: np.ndarray) -> np.ndarray:
+        """The entries' n-grams whose shingle values are among `values`, as the key filter reads
+        them: before their last mixing step (`fold_open`)."""
+        opens = [fold_open(self.tokens(e), self.config.ngram) for e in range(self.n)]
+        open_values = np.concatenate(opens) if opens else np.empty(0, np.uint64)
+        return np.unique(open_values[np.isin(close(open_values), values)])
 
     def _boilerplate(self, values: np.ndarray, owner: np.ndarray, groups: np.ndarray) -> np.ndarray:
         """Which values are in the texts of many tasks (each task counted once)."""

@@ -73,7 +73,7 @@ def screen_documents(index: BenchmarkIndex, ids: list[str], docs: list[bytes], s
 
     # candidates by rare shingles: exact for the reporting rule (index.py says why); the key
     # filter reads the n-grams as they come, unsorted (a repeated key counts once)
-    values, rows = grams.select(lambda g: index.keyfilter.maybe(g, value_bits=64))
+    values, rows = grams.select(index.keyfilter.maybe)
     cf, ce, shared = expand_matches(index.lookup, index.owner, values, rows, min_hits=index.need)
     tokens: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # each text tokenized at most once
     rf = re_ = runs = np.empty(0, np.int64)

@@ -202,6 +202,12 @@ def token_sequence(text: str | bytes) -> tuple[np.ndarray, np.ndarray]:
 def fold(th: np.ndarray, n: int) -> np.ndarray:
     """Hash of every run of n consecutive token values (len(th) - n + 1 values, full 64 bits):
     multiply-add each next token, then fmix64, so every run is mixed even where n is 1."""
+    return _fmix64_inplace(fold_open(th, n))
+
+
+def fold_open(th: np.ndarray, n: int) -> np.ndarray:
+    """`fold` before its last fmix64, a bijection: the key filter reads these (`KeyFilter`), and
+    only the few n-grams it passes pay for the last mixing (`close`)."""
     m = len(th) - n + 1
     if m <= 0:
         return np.empty(0, _U64)
@@ -209,12 +215,15 @@ def fold(th: np.ndarray, n: int) -> np.ndarray:
         sh = np.multiply(th[:m], _NGRAM_MIX)
         for j in range(1, n):
             sh += th[j:j + m]
-            _fmix64_inplace(sh)
             if j < n - 1:
+                _fmix64_inplace(sh)
                 sh *= _NGRAM_MIX
-        if n == 1:
-            _fmix64_inplace(sh)
     return sh
+
+
+def close(open_values: np.ndarray) -> np.ndarray:
+    """Shingle values (top VALUE_BITS bits of `fold`) of `fold_open` values, in a new array."""
+    return _fmix64_inplace(open_values.copy()) >> _DROP
 
 
 def run_grams(ngram: int, span_tokens: int) -> int:
@@ -272,18 +281,19 @@ class ShingleSets:
 
 
 def _chunk_grams(docs: list[bytes], ngram: int) -> tuple[np.ndarray, np.ndarray]:
-    """(grams, tok_end) of documents joined into one text: `fold` of every run of `ngram`
-    tokens, full width, runs that cross into the next document included; and the number of
-    tokens before each document's end (document d's tokens are tok_end[d-1]:tok_end[d])."""
+    """(grams, tok_end) of documents joined into one text: `fold_open` of every run of `ngram`
+    tokens, runs that cross into the next document included; and the number of tokens before
+    each document's end (document d's tokens are tok_end[d-1]:tok_end[d])."""
     data, starts, ends = _prepared(docs)
     th = token_hashes(data, starts, ends)
     doc_end = np.cumsum(np.fromiter((len(d) + 1 for d in docs), dtype=np.int64, count=len(docs)))
-    return fold(th, ngram), np.searchsorted(starts, doc_end)
+    return fold_open(th, ngram), np.searchsorted(starts, doc_end)
 
 
 def _shingle_chunk(docs: list[bytes], ngram: int) -> ShingleSets:
     ndoc = len(docs)
     sh, tok_end = _chunk_grams(docs, ngram)
+    _fmix64_inplace(sh)
     m = len(sh)
     if m == 0:
         return ShingleSets(np.empty(0, _U64), np.zeros(ndoc + 1, np.int64))
@@ -333,15 +343,15 @@ class TextGrams:
 
     `shingle_batch` sorts every text's n-grams to get its distinct set, the costliest step of a
     corpus pass; but most corpus texts share nothing rare with a benchmark. Here the key filter
-    reads the n-grams as they come (`select`), and only the few candidate texts get their sorted
-    distinct shingles (`distinct`). The values are those of `shingle_batch`: the top VALUE_BITS
-    bits of the full-width `fold` values held here."""
+    reads the n-grams as they come (`select`), before their last mixing step (`fold_open`), and
+    only the n-grams it passes, and the few candidate texts, get their shingle values (`close`,
+    the values of `shingle_batch`) and sorted distinct sets (`distinct`)."""
 
     def __init__(self, texts: Sequence[str | bytes], ngram: int = 2, chunk_bytes: int = CHUNK_BYTES):
         if ngram < 1:
             raise ValueError("ngram must be >= 1")
         self.ngram = ngram
-        self._grams: list[np.ndarray] = []  # per chunk: the n-grams of its joined texts, crossing ones too
+        self._grams: list[np.ndarray] = []  # per chunk: its joined texts' open n-grams, crossing ones too
         chunk, first, count = [], [], []
         for docs in _chunks(texts, chunk_bytes):
             grams, tok_end = _chunk_grams(docs, ngram)
@@ -357,15 +367,19 @@ class TextGrams:
     def __len__(self) -> int:
         return len(self.count)
 
-    def of(self, row: int, head: int | None = None) -> np.ndarray:
-        """Shingle values of one text (its first `head`), in order, repeats kept."""
+    def of(self, row: int) -> np.ndarray:
+        """Shingle values of one text, in order, repeats kept."""
+        return close(self._open(row))
+
+    def _open(self, row: int, head: int | None = None) -> np.ndarray:
+        """Open n-grams of one text (its first `head`), a view."""
         f = int(self.first[row])
         n = int(self.count[row]) if head is None else head
-        return self._grams[int(self.chunk[row])][f:f + n] >> _DROP
+        return self._grams[int(self.chunk[row])][f:f + n]
 
     def select(self, positions) -> tuple[np.ndarray, np.ndarray]:
-        """(values, rows): the shingles at `positions(grams)` of each chunk's full-width n-grams,
-        and the text of each; n-grams that cross into the next text are dropped, repeats kept."""
+        """(values, rows): the shingles at `positions(grams)` of each chunk's open n-grams, and
+        the text of each; n-grams that cross into the next text are dropped, repeats kept."""
         values, rows = [], []
         for c, grams in enumerate(self._grams):
             pos = positions(grams)
@@ -373,7 +387,7 @@ class TextGrams:
             # the last text starting at or before each n-gram (empty texts share their start)
             row = np.searchsorted(self.first[lo:hi], pos, side="right") + (lo - 1)
             inside = (pos - self.first[row]) < self.count[row]
-            values.append(grams[pos[inside]] >> _DROP)
+            values.append(close(grams[pos[inside]]))
             rows.append(row[inside])
         if not values:
             return np.empty(0, _U64), np.empty(0, np.int64)
@@ -381,7 +395,7 @@ class TextGrams:
 
     def distinct(self, rows: np.ndarray) -> ShingleSets:
         """The sorted distinct shingles of these texts (as `shingle_batch` gives them), in order."""
-        return _distinct_sets([self.of(r) for r in np.asarray(rows).tolist()])
+        return _distinct_sets([self._open(r) for r in np.asarray(rows).tolist()])
 
     def distinct_floor(self, rows: np.ndarray, limit: np.ndarray | int) -> np.ndarray:
         """Per text: its number of distinct shingles where that is at most `limit` (per row), else
@@ -390,20 +404,22 @@ class TextGrams:
         rows = np.asarray(rows, dtype=np.int64)
         limit = np.broadcast_to(np.asarray(limit, dtype=np.int64), rows.shape)
         head = np.minimum(self.count[rows], 4 * (limit + 1))
-        n = _distinct_sets([self.of(r, h) for r, h in zip(rows.tolist(), head.tolist())]).sizes
+        n = _distinct_sets([self._open(r, h) for r, h in zip(rows.tolist(), head.tolist())]).sizes
         again = np.flatnonzero((n <= limit) & (head < self.count[rows]))
-        n[again] = _distinct_sets([self.of(r) for r in rows[again].tolist()]).sizes
+        n[again] = _distinct_sets([self._open(r) for r in rows[again].tolist()]).sizes
         return n
 
 
 def _distinct_sets(pieces: list[np.ndarray]) -> ShingleSets:
-    """The sorted distinct values of each array of shingle values: one sort per group of arrays,
-    the array's number in the top bits (as in `_shingle_chunk`)."""
+    """The sorted distinct shingle values of each array of open n-grams: one pass to close them
+    and one sort per group of arrays, the array's number in the top bits (as in `_shingle_chunk`)."""
     parts = []
     for g in range(0, max(len(pieces), 1), MAX_DOCS_PER_CHUNK - 1):
         group = pieces[g:g + MAX_DOCS_PER_CHUNK - 1]
         sizes = np.fromiter((len(p) for p in group), dtype=np.int64, count=len(group))
         v = np.concatenate(group) if group else np.empty(0, _U64)
+        _fmix64_inplace(v)
+        v >>= _DROP
         v |= np.repeat(np.arange(len(group), dtype=_U64) << _DOC_SHIFT, sizes)
         v.sort()
         keep = np.empty(len(v), dtype=bool)
