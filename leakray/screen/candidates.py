@@ -2,7 +2,8 @@
 
 One sorted uint64 array holds the indexed keys of every entry and `owner` the entry of each
 key, so a probe for a whole batch of corpus texts is one vectorised lookup (`SortedKeys`); a byte
-table on the top bits of the keys first drops most corpus shingles with one lookup each.
+table (`KeyFilter`) first drops most corpus n-grams with one lookup each, before they are
+finished into shingle values.
 
 `RunIndex` finds indexed token runs (the evidence of tests with too few rare shingles, such as
 tests made of numbers) in the few corpus texts that hold the first shingle of one.

@@ -13,17 +13,19 @@ a .py file, a JSON string inside a JSON string, a Python ``repr``) tokenizes lik
 itself, at any depth of escaping, and ``\\"`` is a plain ``"``.
 
 `tokenize` is the readable regex form; `shingle_batch` is the same rule in numpy over a whole
-batch at once. One ``bytes.translate`` gives every byte its class (word 0, space 1, single-byte
-token 3); token starts come from one pass over the classes. A token's hash is its bytes: its
-first 8-byte word, masked to the token's leading word bytes (the class bytes, read as one word
-at the same offset, say where the token stops: ``(q - 1) & ~q`` keeps the bytes before the first
-non-word class), plus, for the few tokens longer than 8 bytes, each further word mixed with its
-position. No token end is computed and no per-token mixing is done: n consecutive token hashes
-are folded into one shingle hash (multiply-add, then the MurmurHash3 64-bit finaliser, per
-token), of which the top 48 bits are kept. Nothing uses Python's salted `hash()`, so the same
-text gives the same shingle hashes on every worker and every run. 48 bits leave the top 16 bits
-of a sort key for the document number, so one sort of a whole chunk yields every document's
-sorted distinct shingles (two shingles share a hash with probability ~2^-48 per pair).
+batch at once. One ``bytes.translate`` gives every byte its class (space 0, word 1, single-byte
+token 2); a byte starts a token where its class is above its predecessor's word bit, and is a
+token's last where it is above its successor's: two comparisons per byte. A token's value is its
+bytes: its first 8-byte word masked to its length, plus, for the ~10% of tokens longer than 8
+bytes, its last word and each whole word between, mixed with the length or the position. Short
+tokens are not mixed on their own: n consecutive token values are folded into one shingle hash
+(multiply-add, then the MurmurHash3 64-bit finaliser, per token), of which the top 48 bits are
+kept. The corpus pass (`TextGrams`) stops before the last finaliser (`fold_open`): the key
+filter reads those values, and only the n-grams it passes are finished. Nothing uses Python's
+salted `hash()`, so the same text gives the same shingle hashes on every worker and every run.
+48 bits leave the top 16 bits of a sort key for the document number, so one sort of a whole
+chunk yields every document's sorted distinct shingles (two shingles share a hash with
+probability ~2^-48 per pair).
 """
 
 from __future__ import annotations
