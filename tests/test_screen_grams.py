@@ -61,3 +61,21 @@ def test_selected_grams_are_the_texts_shingles():
             j = int(np.searchsorted(keys, k)) % 4
             want[(i, j)] = want.get((i, j), 0) + 1
     assert dict(zip(zip(f.tolist(), e.tolist()), n.tolist())) == want
+
+
+@pytest.mark.parametrize("r", [1, 2, 3, 8, 9, 16])
+def test_window_values_tell_windows_apart(r):
+    """Equal values exactly where the r-token windows are equal (the aligned span check)."""
+    from leakray.screen.verify import window_values
+
+    rng = np.random.default_rng(r)
+    tokens = rng.integers(0, 4, 400).astype(np.uint64)  # few symbols: many repeated windows
+    v = window_values(tokens, r)
+    windows = [tuple(tokens[i:i + r].tolist()) for i in range(len(tokens) - r + 1)]
+    assert len(v) == len(windows)
+    by_window = {}
+    for w, x in zip(windows, v.tolist()):
+        by_window.setdefault(w, set()).add(x)
+    assert all(len(x) == 1 for x in by_window.values())
+    assert len(set(v.tolist())) == len(by_window)
+    assert len(window_values(tokens[:r - 1], r)) == 0

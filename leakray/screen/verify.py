@@ -7,6 +7,8 @@ import numpy as np
 
 from leakray.screen.shingle import ShingleSets, fold
 
+_MIX = np.uint64(0xC2B2AE3D27D4EB4F)
+
 
 def gather(sets: ShingleSets, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Concatenated shingles of `rows` and the start of each row's run in the result."""
@@ -45,6 +47,26 @@ def intersections(entries: ShingleSets, files: ShingleSets, file_rows: np.ndarra
     return out
 
 
+def window_values(tokens: np.ndarray, r: int) -> np.ndarray:
+    """A 64-bit value of every window of r consecutive tokens (len(tokens) - r + 1 values): the
+    2-token `fold` values that tile it (and its last token where r is odd), multiply-added, then
+    mixed. Equal windows get equal values on both sides of a check; `fold(tokens, r)` would mix
+    once per token (r - 1 rounds of fmix64 over the text), this mixes twice."""
+    m = len(tokens) - r + 1
+    if r <= 2 or m <= 0:
+        return fold(tokens, r) if m > 0 else np.empty(0, np.uint64)
+    pairs = fold(tokens, 2)
+    with np.errstate(over="ignore"):
+        v = pairs[:m].copy()
+        for i in range(1, r // 2):
+            v *= _MIX
+            v += pairs[2 * i:2 * i + m]
+        if r % 2:
+            v *= _MIX
+            v += tokens[r - 1:r - 1 + m]
+        return fold(v, 1)
+
+
 class Runs:
     """A corpus text's runs of r consecutive tokens, hashed and sorted, per r (computed once),
     and where each token starts in the text."""
@@ -55,7 +77,7 @@ class Runs:
 
     def of(self, r: int) -> tuple[np.ndarray, np.ndarray]:
         if r not in self._by_len:
-            g = fold(self.tokens, r)
+            g = window_values(self.tokens, r)
             order = np.argsort(g, kind="stable")
             self._by_len[r] = (g[order], order)
         return self._by_len[r]
@@ -73,7 +95,7 @@ def aligned_span(sample: np.ndarray, text: Runs, span_tokens: int) -> tuple[floa
     if r == 0 or len(text.tokens) < r:
         return 0.0, -1, -1
     runs, order = text.of(r)
-    grams = fold(sample, r)
+    grams = window_values(sample, r)
     pos = np.searchsorted(runs, grams).clip(max=len(runs) - 1)
     hit = runs[pos] == grams
     j = np.flatnonzero(hit)
