@@ -109,6 +109,29 @@ def test_cgmia_ensemble_weights_follow_heldout_mcc():
     np.testing.assert_allclose(w, mcc / mcc.sum())
 
 
+def test_cgmia_ensemble_beside_cgmia_reuses_its_fits_and_equals_a_fit_of_its_own():
+    """Fitted as one group, the ensemble of seed s is made of CGMIA's seeds s, s+1 (fitted once
+    each: 3 seeds for two detectors at seeds 0 and 1), and gives what the ensemble fitted on its
+    own gives."""
+    from leakray.detect.base import FitContext
+    from leakray.detect.cgmia import CGMIA
+
+    sh, tg = _pair({})
+    params = {"cgmia": {"config": FAST_CGMIA}, "cgmia_ensemble": {"config": FAST_CGMIA, "members": 2}}
+    fitted = CGMIA.fit_group(["cgmia", "cgmia_ensemble"], sh, [0, 1], params, FitContext())
+    cg, ens = fitted["cgmia"], fitted["cgmia_ensemble"]
+    assert [d.seed for d in cg] == [0, 1] and [e.info["member_seeds"] for e in ens] == [[0, 1], [1, 2]]
+    assert ens[0].models[0] is cg[0].model and ens[0].models[1] is cg[1].model is ens[1].models[0]
+    alone = registry.make("cgmia_ensemble", params["cgmia_ensemble"]).fit(sh, 1)
+    np.testing.assert_allclose(alone.score(tg), ens[1].score(tg), atol=1e-6)
+    np.testing.assert_allclose(alone.heldout(sh)[1], ens[1].heldout(sh)[1], atol=1e-6)
+    assert alone.info["weights"] == pytest.approx(ens[1].info["weights"])
+    # the group's CGMIA detectors are CGMIA's own: the same scores and cut as fitted alone
+    own = registry.detector_class("cgmia").fit_seeds(sh, [1], params["cgmia"], FitContext())[0]
+    np.testing.assert_allclose(own.score(tg), cg[1].score(tg), atol=1e-6)
+    assert own.threshold_["value"] == pytest.approx(cg[1].threshold_["value"])
+
+
 def test_cgmia_expert_blocks_mask_reaches_the_model():
     from leakray.detect.cgmia import arrays_from_table, fit
 

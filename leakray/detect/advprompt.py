@@ -35,6 +35,7 @@ from torch import nn
 
 from leakray.detect.datafiles import load_tensors, read_meta, save_tensors, write_meta
 from leakray.errors import BadInput
+from leakray.models.kernels import adam
 from leakray.perturb.core import SLOTS, slot_name
 
 FORMAT_VERSION = 2  # 2: weights in safetensors (1: torch pickles)
@@ -259,7 +260,7 @@ def fit(arrays: Mapping[str, np.ndarray], config: AdvPromptConfig | None = None,
     yt = torch.as_tensor(y.astype(np.int64), device=config.device)
     _, order_seed = _seeds(seed)
     gen = torch.Generator().manual_seed(order_seed)
-    opt = torch.optim.Adam(det.net.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    opt = adam(det.net.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     loss_fn = nn.CrossEntropyLoss()
     with torch.random.fork_rng(devices=[]):  # dropout masks drawn from the detector's seed
         torch.manual_seed(order_seed)

@@ -27,6 +27,7 @@ the final detector's; the cost is k extra fits of the FFN per seed.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -41,6 +42,7 @@ from leakray.detect.datafiles import (join_state, load_arrays, load_tensors, rea
                                       write_meta)
 from leakray.errors import BadInput
 from leakray.evaluate.thresholds import DEFAULT_RULE, ThresholdRule, choose_threshold
+from leakray.models.kernels import adam
 from leakray.schema import C
 
 FORMAT_VERSION = 2  # 2: weights in safetensors (1: torch pickles)
@@ -185,6 +187,8 @@ class CGMIADetector:
         self.n_train = 0
         # the decision cut and how it was chosen (Threshold.to_dict()); None until chosen
         self.threshold: dict[str, Any] | None = None
+        # the training rows' out-of-fold probabilities the cut was chosen on (fit_thresholded)
+        self.oof: np.ndarray | None = None
         frozen_seed, head_seed, _ = _seeds(seed)
         with torch.random.fork_rng(devices=[]):  # leave the caller's RNG alone
             torch.manual_seed(frozen_seed)
@@ -245,7 +249,7 @@ class CGMIADetector:
             "format_version": FORMAT_VERSION, "config": self.config.to_dict(), "seed": self.seed,
             "k": self.k, "d": self.d, "expert_width": self.expert_width,
             "expert_keep": self.expert_keep.tolist(), "n_train": self.n_train, "history": self.history,
-            "threshold": self.threshold,
+            "threshold": self.threshold, "oof": None if self.oof is None else self.oof.tolist(),
             "scaler_mean": self.scaler_mean, "scaler_scale": self.scaler_scale,
             "frozen": {k: conv(v) for k, v in self.frozen.state_dict().items()},
             "head": {k: conv(v) for k, v in self.head.state_dict().items()},
@@ -265,6 +269,7 @@ class CGMIADetector:
         det.head.load_state_dict({k: _tensor(v) for k, v in state["head"].items()})
         det.n_train, det.history = int(state["n_train"]), list(state["history"])
         det.threshold = state.get("threshold")  # absent in detectors saved before thresholds
+        det.oof = None if state.get("oof") is None else np.asarray(state["oof"], dtype=np.float64)
         return det
 
     def save(self, directory: str | Path) -> Path:
@@ -325,7 +330,7 @@ def fit(train_arrays: Mapping[str, np.ndarray], config: CGMIAConfig | None = Non
     yt = torch.as_tensor(y.astype(np.int64), device=config.device)
     _, _, order_seed = _seeds(seed)
     gen = torch.Generator().manual_seed(order_seed)
-    opt = torch.optim.Adam(det.head.parameters(), lr=config.lr)
+    opt = adam(det.head.parameters(), lr=config.lr)
     loss_fn = nn.CrossEntropyLoss()
     det.head.train()
     bar = tqdm(range(config.epochs), desc=f"cgmia seed={seed}", disable=not progress, leave=False)
@@ -392,7 +397,7 @@ def fit_thresholded(train_arrays: Mapping[str, np.ndarray], config: CGMIAConfig 
     y = np.asarray(train_arrays["member"])
     # a tiny shadow (a quick run) gets fewer folds rather than a late failure; recorded below
     n_folds = min(int(n_folds), int((y == 0).sum()), int((y == 1).sum()))
-    oof = cross_fit_proba(train_arrays, config, seed, n_folds)
+    det.oof = oof = cross_fit_proba(train_arrays, config, seed, n_folds)
     det.threshold = choose_threshold(
         y, oof, rule, chosen_on=f"shadow, out-of-fold ({n_folds}-fold cross-fit by task)").to_dict()
     return det
@@ -411,6 +416,9 @@ class CGMIA(Detector):
                         "frozen CNN over completion embeddings + reference embedding + projected expert "
                         "features -> FFN", fit="ray_train")
     defaults = {"config": {}, "folds": CROSS_FIT_FOLDS}
+    # detectors built from CGMIA fits (cgmia_ensemble's members are CGMIA seeds): asked for
+    # together, they are fitted together, every CGMIA seed once (``fit_group``)
+    group = "cgmia"
 
     def __init__(self, **params: Any):
         super().__init__(**params)
@@ -424,17 +432,57 @@ class CGMIA(Detector):
                   context: FitContext | None = None) -> list["CGMIA"]:
         """Every seed trained and thresholded (cross-fitted): as one Ray Train run when the
         protocol lends one (``context.train_seeds``), else in this process."""
+        return cls.fit_group([cls.spec.name], shadow, seeds, {cls.spec.name: params or {}}, context)[cls.spec.name]
+
+    # -- the CGMIA family: a member class says which CGMIA fits it is made of ----------------
+    @classmethod
+    def cgmia_fits(cls, params: Mapping[str, Any], seed: int) -> list[int]:
+        """The CGMIA seeds (fitted with this detector's config and folds) its seed ``seed`` uses."""
+        return [int(seed)]
+
+    @classmethod
+    def from_cgmia_fits(cls, models: list[CGMIADetector], shadow: pa.Table, seed: int,
+                        params: Mapping[str, Any]) -> "CGMIA":
+        return cls.wrap(models[0], int(cls(**params).params["folds"]))
+
+    @classmethod
+    def fit_group(cls, names: list[str], shadow: pa.Table, seeds: Iterable[int],
+                  params: Mapping[str, Mapping[str, Any]], context: FitContext | None = None) -> dict[str, list]:
+        """CGMIA and the detectors made of CGMIA fits, fitted together: every (config, folds,
+        seed) any of them uses is trained and thresholded once (the ensemble of seed s reuses
+        CGMIA's seeds s, s+1, ...: 35 fits for both at 5 seeds and 3 members, not 100), in one
+        Ray Train run per config when the protocol lends one and CGMIA itself is asked for
+        (an ensemble alone fits where it runs)."""
+        from leakray.detect import registry
+
         ctx = context or FitContext()
-        proto = cls(**dict(params or {}))
-        seeds, folds = [int(s) for s in seeds], int(proto.params["folds"])
-        if ctx.train_seeds is not None:
-            models = ctx.train_seeds(shadow, proto.config, seeds, storage_path=ctx.storage_path,
-                                     threshold_rule=ctx.threshold_rule, threshold_folds=folds)
-        else:
-            arrays = arrays_from_table(shadow)
-            models = [fit_thresholded(arrays, proto.config, s, ctx.threshold_rule, folds, progress=ctx.progress)
-                      for s in seeds]
-        return [cls.wrap(m, folds) for m in models]
+        seeds = [int(s) for s in seeds]
+        classes = {n: registry.detector_class(n) for n in names}
+        protos = {n: c(**dict(params.get(n) or {})) for n, c in classes.items()}
+        settings: dict[str, tuple[CGMIAConfig, int, set[int]]] = {}  # key -> (config, folds, seeds)
+        uses: dict[str, dict[int, tuple[str, list[int]]]] = {}
+        for n, proto in protos.items():
+            key = json.dumps([proto.config.to_dict(), int(proto.params["folds"])], sort_keys=True)
+            entry = settings.setdefault(key, (proto.config, int(proto.params["folds"]), set()))
+            uses[n] = {s: (key, classes[n].cgmia_fits(proto.params, s)) for s in seeds}
+            for _, member_seeds in uses[n].values():
+                entry[2].update(member_seeds)
+        on_ray = ctx.train_seeds is not None and any(c.spec.fit == "ray_train" for c in classes.values())
+        fits: dict[tuple[str, int], CGMIADetector] = {}
+        for key, (config, folds, need) in settings.items():
+            need = sorted(need)
+            if on_ray:
+                models = ctx.train_seeds(shadow, config, need, storage_path=ctx.storage_path,
+                                         threshold_rule=ctx.threshold_rule, threshold_folds=folds)
+            else:
+                arrays = arrays_from_table(shadow)
+                models = [fit_thresholded(arrays, config, s, ctx.threshold_rule, folds, progress=ctx.progress)
+                          for s in need]
+            fits.update({(key, s): m for s, m in zip(need, models)})
+        return {n: [classes[n].from_cgmia_fits([fits[(key, m)] for m in member_seeds], shadow, s,
+                                               protos[n].params)
+                    for s, (key, member_seeds) in uses[n].items()]
+                for n in names}
 
     @classmethod
     def wrap(cls, model: CGMIADetector, folds: int = CROSS_FIT_FOLDS) -> "CGMIA":

@@ -4,7 +4,10 @@ on held-out shadow data.
 The paper ensembles detectors trained on different shadow models. A run has one shadow
 collection, so the members here are CGMIA fitted on that shadow with different seeds
 (different frozen projections, initialisations and batch orders); the report says so
-(``info["members_from"]``). Member m's weight is max(MCC_m, 0), MCC_m measured at its own
+(``info["members_from"]``). The ensemble of seed s has CGMIA's seeds s, s+1, ..., s+m-1 as
+members, so run beside CGMIA it costs no fit of its own (``CGMIA.fit_group``: 5 seeds of both
+fit 7 CGMIA seeds, not 5 + 15); its seeds' member sets overlap, so its repeats vary less
+than independent ensembles would. Member m's weight is max(MCC_m, 0), MCC_m measured at its own
 cut on its out-of-fold shadow probabilities (4-fold cross-fit by task, as CGMIA's
 threshold); all weights 0 falls back to equal weights. The ensemble's score is the
 weighted mean of the members' probabilities, and its threshold is chosen on the same
@@ -14,13 +17,13 @@ weighted mean of their out-of-fold probabilities.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import pyarrow as pa
 
-from leakray.detect.base import DetectorSpec, KeepsHeldout, labels
-from leakray.detect.cgmia import CROSS_FIT_FOLDS, CGMIAConfig, CGMIADetector, arrays_from_table, cross_fit_proba, fit
+from leakray.detect.base import DetectorSpec, FitContext, KeepsHeldout, labels
+from leakray.detect.cgmia import CGMIA, CROSS_FIT_FOLDS, CGMIAConfig, CGMIADetector, arrays_from_table, fit_thresholded
 from leakray.detect.datafiles import load_array
 from leakray.errors import BadInput
 from leakray.evaluate.thresholds import choose_threshold
@@ -32,6 +35,7 @@ class CGMIAEnsemble(KeepsHeldout):
                         (C.EXPERT, C.GEN_EMBEDDING, C.REF_EMBEDDING), "logprobs", "composite", True,
                         "MCC-weighted mean of CGMIA members' probabilities (members: seeds of one shadow)")
     defaults = {"members": 3, "config": {}, "folds": CROSS_FIT_FOLDS}
+    group = CGMIA.group  # made of CGMIA fits: fitted together with CGMIA (CGMIA.fit_group)
 
     def __init__(self, **params: Any):
         super().__init__(**params)
@@ -42,26 +46,42 @@ class CGMIAEnsemble(KeepsHeldout):
         self.models: list[CGMIADetector] = []
         self.weights = np.zeros(0)
 
+    @classmethod
+    def fit_group(cls, names: list[str], shadow: pa.Table, seeds: Iterable[int],
+                  params: Mapping[str, Mapping[str, Any]], context: FitContext | None = None) -> dict[str, list]:
+        return CGMIA.fit_group(names, shadow, seeds, params, context)
+
+    @classmethod
+    def cgmia_fits(cls, params: Mapping[str, Any], seed: int) -> list[int]:
+        return [int(seed) + i for i in range(int(params["members"]))]
+
+    @classmethod
+    def from_cgmia_fits(cls, models: list[CGMIADetector], shadow: pa.Table, seed: int,
+                        params: Mapping[str, Any]) -> "CGMIAEnsemble":
+        det = cls(**params)
+        det._combine(models, labels(shadow), int(seed))
+        return det
+
     def fit(self, shadow: pa.Table, seed: int = 0) -> "CGMIAEnsemble":
-        self.seed = int(seed)
         arrays, y = arrays_from_table(shadow), labels(shadow)
-        folds = min(int(self.params["folds"]), int((y == 0).sum()), int((y == 1).sum()))
-        member_seeds = [int(v) for v in np.random.SeedSequence([self.seed, 23]).generate_state(
-            int(self.params["members"]))]
-        self.models, oofs, mccs = [], [], []
-        for ms in member_seeds:
-            self.models.append(fit(arrays, self.config, ms, progress=False))
-            oof = cross_fit_proba(arrays, self.config, ms, folds)
-            oofs.append(oof)
-            mccs.append(choose_threshold(y, oof).mcc)  # MCC at the member's own max-MCC cut
+        folds = int(self.params["folds"])
+        self._combine([fit_thresholded(arrays, self.config, ms, n_folds=folds)
+                       for ms in self.cgmia_fits(self.params, seed)], y, int(seed))
+        return self
+
+    def _combine(self, models: list[CGMIADetector], y: np.ndarray, seed: int) -> None:
+        """Weights from the members' out-of-fold probabilities (kept by ``fit_thresholded``)."""
+        self.seed, self.models = seed, list(models)
+        oofs = [m.oof for m in self.models]
+        mccs = [choose_threshold(y, oof).mcc for oof in oofs]  # MCC at the member's own max-MCC cut
         w = np.clip(np.asarray(mccs), 0.0, None)
         self.weights = w / w.sum() if w.sum() > 0 else np.full(len(w), 1.0 / len(w))
+        chosen_on = self.models[0].threshold["chosen_on"]  # "shadow, out-of-fold (k-fold cross-fit by task)"
         self._heldout = (y, np.average(np.stack(oofs), axis=0, weights=self.weights),
-                         f"shadow, out-of-fold ({folds}-fold cross-fit by task), weighted like the members")
+                         f"{chosen_on}, weighted like the members")
         self.info = {"members_from": "one shadow collection, different seeds (no second shadow configured)",
-                     "member_seeds": member_seeds, "member_heldout_mcc": [float(m) for m in mccs],
+                     "member_seeds": [m.seed for m in self.models], "member_heldout_mcc": [float(m) for m in mccs],
                      "weights": self.weights.tolist()}
-        return self
 
     def score(self, table: pa.Table) -> np.ndarray:
         if not self.models:

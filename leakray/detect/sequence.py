@@ -30,6 +30,7 @@ from leakray.detect.base import DetectorSpec, HeldoutLearned, labels
 from leakray.detect.datafiles import load_tensors, save_tensors
 from leakray.errors import BadInput
 from leakray.features.expert import code_tokens
+from leakray.models.kernels import adam
 from leakray.schema import C
 
 PAD, SEP = 0, 1
@@ -133,7 +134,7 @@ class SequenceModel(HeldoutLearned):
             torch.manual_seed(init_seed)
             model = self._build()
             gen = torch.Generator().manual_seed(order_seed)
-            opt = torch.optim.Adam(model.parameters(), lr=float(p["lr"]))
+            opt = adam(model.parameters(), lr=float(p["lr"]))
             loss_fn = nn.CrossEntropyLoss()
             best, best_state, history = float("inf"), None, []
             for epoch in range(int(p["epochs"])):

@@ -82,6 +82,14 @@ def submit_tasks(fn, items: list, *shared, engine: str = "local", num_cpus: floa
     return lambda: ray.get(pending)
 
 
+def import_train_and_tune() -> None:
+    """Import Ray Train and Ray Tune here, once, before threads start runs of both: two threads
+    importing them at the same time meet in a half-initialised module (ImportError: circular
+    import, seen with Ray 2.60)."""
+    import ray.train.torch  # noqa: F401
+    import ray.tune  # noqa: F401
+
+
 def _link_session_logs(log_dir: Path) -> None:
     """`<run>/logs/ray` -> this Ray session's log directory (workers' stdout/stderr live there)."""
     try:

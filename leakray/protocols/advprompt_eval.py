@@ -91,3 +91,24 @@ def advprompt_ablation(shadow: pa.Table, target: pa.Table, seed: int = 0, *,
     for name in ap.FEATURE_NAMES:
         out["without_feature"][name] = auc(sa, ta, replace(config, drop_features=(name,)))
     return out
+
+
+def advprompt_part(part: str, shadow: pa.Table, target: pa.Table, seeds, threshold_rule: str,
+                   bootstrap: int) -> dict:
+    """One AdvPrompt evaluation of the detect stage beside the registry's detectors ("graybox":
+    ``evaluate_advprompt``; "ablation": ``advprompt_ablation`` at the first seed), timed where it
+    runs, so the stage can run it as a Ray task beside the others: {"result" | "skipped", "seconds"}."""
+    import time
+
+    t0 = time.perf_counter()
+    try:
+        if part == "graybox":
+            out = evaluate_advprompt(shadow, target, seeds, threshold_rule=threshold_rule, bootstrap=bootstrap)
+        elif part == "ablation":
+            out = advprompt_ablation(shadow, target, list(seeds)[0])
+        else:
+            raise ValueError(f"unknown AdvPrompt part {part!r}")
+    except BadInput as exc:  # an unusable input skips it with the reason (never a 0.5)
+        return {"skipped": f"input unusable: {exc}", "seconds": round(time.perf_counter() - t0, 2)}
+    return {"result": out, "seconds": round(time.perf_counter() - t0, 2)}
+

@@ -69,8 +69,10 @@ COST_NOTE = ("wall_s: fit + threshold + target scoring, all seeds (tracemalloc's
              "py_peak_mb: peak of Python-level allocations (tracemalloc: numpy arrays counted, torch tensors "
              "and native libraries not). maxrss_delta_mb: growth of the driver's peak resident set "
              "(getrusage; 0 when the detector stayed below an earlier peak). Work in Ray workers (Tune "
-             "trials, Ray Train) is in neither memory figure; trial_s sums a Tune-searched model's trial "
-             "fit times, and shared_run names detectors whose wall time is one shared Tune run.")
+             "trials, Ray Train) is in neither memory figure; with parallel, Ray Train and Tune runs start "
+             "side by side and their py_peak_mb is null (tracemalloc is process-wide). trial_s sums a "
+             "Tune-searched model's trial fit times, and shared_run names detectors whose wall time is one "
+             "shared run (a Tune search, or CGMIA's fits that cgmia_ensemble reuses).")
 
 
 class _Cost:
@@ -211,7 +213,7 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
     """
     from leakray.detect import registry
     from leakray.detect.base import FitContext, missing_input
-    from leakray.executor.runtime import submit_tasks
+    from leakray.executor.runtime import import_train_and_tune, submit_tasks
 
     config = config or CGMIAConfig()
     seeds = [int(s) for s in seeds]
@@ -267,7 +269,8 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
     # their own Ray Train or Tune run are run from here
     spread, driver = [], []
     for members in groups.values():
-        fit = registry.spec(members[0]).fit
+        fits = {registry.spec(m).fit for m in members}  # a group with a Ray Train/Tune member runs it from here
+        fit = fits.pop() if len(fits) == 1 else "mixed"
         if not parallel or fit not in ("none", "local"):
             driver.append((members, seeds))
         elif fit == "local" and len(members) == 1:
@@ -277,8 +280,18 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
     spread.sort(key=lambda job: registry.spec(job[0][0]).fit != "local")  # stable: report order within
     gather = submit_tasks(fit_and_score, spread, shadow_table, target_table, params, context, trace_memory,
                           boot, engine="ray" if spread else "local", env=registry.plugins_env())
-    outcomes = [fit_and_score(job, shadow_table, target_table, params, context, trace_memory, boot)
-                for job in driver]
+    if parallel and len(driver) > 1:
+        # the driver's groups only wait on their Ray Train / Tune runs: start them all at once,
+        # one thread each (tracemalloc is process-wide, so their memory is not traced)
+        from concurrent.futures import ThreadPoolExecutor
+
+        import_train_and_tune()
+        with ThreadPoolExecutor(len(driver)) as pool:
+            outcomes = list(pool.map(lambda job: fit_and_score(job, shadow_table, target_table, params, context,
+                                                               False, boot), driver))
+    else:
+        outcomes = [fit_and_score(job, shadow_table, target_table, params, context, trace_memory, boot)
+                    for job in driver]
     outcomes += gather()
     for out in sorted(_merge_seed_jobs(outcomes), key=lambda o: runnable.index(o["members"][0])):  # report order
         members = out["members"]

@@ -214,11 +214,19 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
         return run
 
     def detect_stage(out: Path) -> dict:
-        from leakray.protocols.advprompt_eval import evaluate_advprompt
+        from leakray.executor.runtime import submit_tasks
+        from leakray.protocols.advprompt_eval import advprompt_part
         from leakray.protocols.detectors import evaluate_detectors
 
         shadow = pq.read_table(runner.dir("collect_shadow") / "collection.parquet")
         target = pq.read_table(runner.dir("collect_target") / "collection.parquet")
+        # AdvPrompt's gray-box setting and its ablation (MLP fits, tens of seconds) start first, as
+        # Ray tasks beside the detectors' own when detect.parallel; their results join below
+        parts = []
+        if collection.wants_advprompt(cfg) and (cfg.detect.detectors == "all" or "advprompt" in cfg.detect.detectors):
+            parts = ["graybox"] + (["ablation"] if cfg.detect.advprompt_ablation else [])
+        extras = submit_tasks(advprompt_part, parts, shadow, target, cfg.detect.seeds, cfg.detect.threshold_rule,
+                              cfg.detect.bootstrap, engine="ray" if cfg.detect.parallel and parts else "local")
         result = evaluate_detectors(shadow, target, cfg.detect.cgmia_config(), cfg.detect.seeds,
                                     use_ray_train=cfg.detect.use_ray_train, storage_path=runner.run_dir / "ray_train",
                                     save_dir=out, threshold_rule=cfg.detect.threshold_rule,
@@ -226,14 +234,11 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
                                     detector_params=cfg.detect.params, trace_memory=cfg.detect.trace_memory,
                                     parallel=cfg.detect.parallel,
                                     expert_ablation=cfg.detect.expert_ablation)
-        if collection.wants_advprompt(cfg) and (cfg.detect.detectors == "all" or "advprompt" in cfg.detect.detectors):
-            merge_results(result, lambda: evaluate_advprompt(
-                shadow, target, cfg.detect.seeds, threshold_rule=cfg.detect.threshold_rule,
-                bootstrap=cfg.detect.bootstrap), "advprompt_graybox")
-            if cfg.detect.advprompt_ablation and "advprompt" in result.get("median", {}):
-                from leakray.protocols.advprompt_eval import advprompt_ablation
-
-                result["advprompt_ablation"] = advprompt_ablation(shadow, target, cfg.detect.seeds[0])
+        for part, done in zip(parts, extras()):
+            if part == "graybox":
+                merge_results(result, done, "advprompt_graybox")
+            elif "result" in done and "advprompt" in result.get("median", {}):  # the ablation of a detector that ran
+                result["advprompt_ablation"] = done["result"]
         pq.write_table(result.pop("scores"), out / "scores.parquet")
         write_json_atomic(out / "metrics.json", result)
         return {"rows_in": shadow.num_rows + target.num_rows, "rows_out": target.num_rows,
@@ -274,18 +279,16 @@ def learned_detectors(cfg: SimulateConfig):
     return cfg.detect.detectors
 
 
-def merge_results(result: dict, evaluate, name: str) -> None:
-    """Fold a separately evaluated detector family into `evaluate_detectors`' result; an
-    unusable input skips it with the reason (never a 0.5)."""
-    t0 = time.perf_counter()
-    try:
-        extra = evaluate()
-    except BadInput as exc:
-        result.setdefault("skipped", {})[name] = f"input unusable: {exc}"
+def merge_results(result: dict, done: dict, name: str) -> None:
+    """Fold a separately evaluated detector family (``advprompt_part``'s {"result" | "skipped",
+    "seconds"}) into `evaluate_detectors`' result; an unusable input skips it with the reason
+    (never a 0.5)."""
+    if "skipped" in done:
+        result.setdefault("skipped", {})[name] = done["skipped"]
         return
     for key in ("per_seed", "median", "thresholds", "skipped"):
-        result.setdefault(key, {}).update(extra.get(key, {}))
-    result.setdefault("seconds", {})[name] = round(time.perf_counter() - t0, 2)
+        result.setdefault(key, {}).update(done["result"].get(key, {}))
+    result.setdefault("seconds", {})[name] = done["seconds"]
 
 
 def run_simulation(cfg: SimulateConfig, console: Console | None = None) -> Path:
