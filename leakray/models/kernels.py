@@ -23,8 +23,8 @@ def adam(params, *, decoupled: bool = False, **kwargs):
     has one (CPU and CUDA since torch 2.4): one kernel for every parameter's update instead of
     a dozen tensor operations each. The same update rule; the last bits of the weights can differ
     from the for-loop implementation (another summation order). On the detectors' small
-    classifiers (batches of 4-100 rows) the optimiser step is most of a training step:
-    AdvPrompt-MIA's MLP trains 2.1x faster (benchmarks/bench_detect.py)."""
+    classifiers (batches of 4-100 rows) the optimiser step is most of a training step: AdvPrompt-MIA
+    and CGMIA fit in half the time on the demo's collections (benchmarks/bench_detect.py)."""
     import torch
 
     params = list(params)
