@@ -36,15 +36,21 @@ def run_on_ray(table: pa.Table, steps: Sequence[BatchStep], batch_size: int, out
     import ray
     from ray.data import ActorPoolStrategy
 
-    ds = ray.data.from_arrow(table).repartition(max(1, -(-table.num_rows // max(1, batch_size))))
+    # One block per batch, made here: a repartition would be an all-to-all operator whose tasks
+    # need a CPU that the step actors may all hold.
+    size = max(1, batch_size)
+    ds = ray.data.from_arrow([table.slice(i, size) for i in range(0, table.num_rows, size)] or [table])
     for step in steps:
         res = step.resources
         opts = {"num_cpus": res.cpus}
         if res.gpus:
             opts["num_gpus"] = res.gpus
         if step.stateful:
-            opts.update(compute=ActorPoolStrategy(min_size=1, max_size=max(1, res.actors)),
-                        fn_constructor_kwargs=step.kwargs)
+            # A fixed pool of the configured size: Ray Data's autoscaler budgets CPUs per operator
+            # and, on a 2-CPU machine, kept the sampler at one actor of two with one core idle.
+            # Safe because nothing else in the chain reserves a CPU (the other steps ask for 0,
+            # and so do the writes): no operator can wait for a CPU the sampler actors hold.
+            opts.update(compute=ActorPoolStrategy(size=max(1, res.actors)), fn_constructor_kwargs=step.kwargs)
         ds = ds.map_batches(step.fn, batch_size=batch_size, batch_format="pyarrow", **opts)
     return write_parts(ds, out_dir)
 
@@ -69,5 +75,5 @@ def write_parts(ds, out_dir: Path) -> pa.Table:
 
     parts, filesystem = shared_dir(out_dir / "parts")
     clear_dir(parts, filesystem)  # a killed attempt's part files must not be read back
-    ds.write_parquet(parts, filesystem=filesystem)
+    ds.write_parquet(parts, filesystem=filesystem, ray_remote_args={"num_cpus": 0})  # see run_on_ray
     return pq.read_table(parts, filesystem=filesystem)

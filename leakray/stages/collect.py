@@ -540,7 +540,8 @@ def collect_steps(model_path: str, cfg: CollectConfig) -> list[BatchStep]:
                   cfg.sample_resources),
         BatchStep(ExecuteStage, {"timeout_s": cfg.execute_timeout_s, "threads": cfg.execute_threads,
                                  "allow_weak_isolation": cfg.allow_weak_isolation}, cfg.execute_resources),
-        BatchStep(score_stage, resources=StageResources(cpus=0.5)),
+        # light (CodeBLEU on a batch's completions): no CPU of its own to reserve, one task at a time
+        BatchStep(score_stage, resources=StageResources(actors=1, cpus=0.0)),
         BatchStep(EmbedStage, {"model": cfg.embed_model, "max_tokens": cfg.embed_max_tokens,
                                "stride": cfg.embed_stride, "batch_size": cfg.embed_batch_size,
                                "device": embed_device(cfg)}, cfg.embed_resources),
