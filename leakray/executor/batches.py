@@ -7,6 +7,7 @@ caller deduplicates what comes back (``stages.collect.finalize``)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Sequence
 
@@ -30,11 +31,24 @@ def run_local(table: pa.Table, steps: Sequence[BatchStep], batch_size: int) -> p
     return pa.concat_tables(parts) if parts else table.slice(0, 0)
 
 
+class _NoIdleCpuWarning(logging.Filter):
+    """Ray Data warns that a dataset "will hang" when no CPU is free as it starts. Here none is
+    needed: every operator but the step actors asks for 0 CPUs (see ``run_on_ray``), and the
+    CPUs may still be held by the previous stage's workers while Ray releases them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "does not have any available CPUs" not in record.getMessage()
+
+
 def run_on_ray(table: pa.Table, steps: Sequence[BatchStep], batch_size: int, out_dir: Path) -> pa.Table:
     """Ray Data: one ``map_batches`` operator per step, all streaming concurrently; the result
     is materialised as part files under ``out_dir/parts`` (see ``write_parts``)."""
     import ray
     from ray.data import ActorPoolStrategy
+
+    dataset_log = logging.getLogger("ray.data.dataset")
+    if not any(isinstance(f, _NoIdleCpuWarning) for f in dataset_log.filters):
+        dataset_log.addFilter(_NoIdleCpuWarning())
 
     # One block per batch, made here: a repartition would be an all-to-all operator whose tasks
     # need a CPU that the step actors may all hold.
