@@ -62,8 +62,8 @@ def main() -> None:
         for module in users:
             module.adam = adam
 
-    def loop_adam(params, *, decoupled=False, **kw):  # the for-loop implementation: torch's CPU default
-        return (torch.optim.AdamW if decoupled else torch.optim.Adam)(params, **kw)
+    def loop_adam(params, **kw):  # the for-loop implementation: torch's CPU default
+        return torch.optim.Adam(params, **kw)
 
     def run(members: list[str]) -> float:
         return cpu(lambda: fit_and_score((members, seeds), shadow, target, {}, ctx, False, boot))[1]

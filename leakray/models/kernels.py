@@ -18,17 +18,15 @@ def fuse_gelu(model) -> int:
     return swapped
 
 
-def adam(params, *, decoupled: bool = False, **kwargs):
-    """Adam (AdamW with ``decoupled``) with torch's fused kernel where the parameters' device
-    has one (CPU and CUDA since torch 2.4): one kernel for every parameter's update instead of
-    a dozen tensor operations each. The same update rule; the last bits of the weights can differ
-    from the for-loop implementation (another summation order). On the detectors' small
-    classifiers (batches of 4-100 rows) the optimiser step is most of a training step: AdvPrompt-MIA
-    and CGMIA fit in half the time on the demo's collections (benchmarks/bench_detect.py)."""
+def adam(params, **kwargs):
+    """Adam with torch's fused kernel where the parameters' device has one (CPU and CUDA): one
+    kernel for every parameter's update instead of a dozen tensor operations each. The same
+    update rule; the last bits of the weights can differ from the for-loop implementation
+    (another summation order). On the detectors' small classifiers (batches of 4-100 rows) the
+    optimiser step is most of a training step: AdvPrompt-MIA and CGMIA fit in half the time on
+    the demo's collections (benchmarks/bench_detect.py)."""
     import torch
 
     params = list(params)
-    cls = torch.optim.AdamW if decoupled else torch.optim.Adam
     device = next((p.device.type for p in params if isinstance(p, torch.Tensor)), "cpu")
-    fused_ok = device in ("cpu", "cuda") and "fused" in cls.__init__.__code__.co_varnames
-    return cls(params, fused=True, **kwargs) if fused_ok else cls(params, **kwargs)
+    return torch.optim.Adam(params, fused=device in ("cpu", "cuda"), **kwargs)
