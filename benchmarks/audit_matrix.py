@@ -134,24 +134,29 @@ def audit(target: dict, spec: tuple, card: Path, out: Path, reference: str) -> P
 
 def oracle_selfcal(run_dir: Path, cfg, oracle: str) -> dict:
     """The self-calibrated route again with the oracle reference (the target's own pre-leak
-    checkpoint): the target's log-probabilities from its collection, the oracle's scored here."""
+    checkpoint): the target's log-probabilities from its collection, the oracle's scored here
+    (solution and prompt, as the collection's reference-model columns hold them)."""
+    import math
+
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from leakray.config import to_stage
     from leakray.evaluate import selfcal
+    from leakray.models.backends import make_sampler
     from leakray.models.sampler import SampleConfig
-    from leakray.protocols.rewrite_scores import score_texts
     from leakray.schema import C
 
     table = pq.read_table(run_dir / "collect_target" / "collection.parquet")
-    pairs = list(zip(table.column(C.PROMPT).to_pylist(), table.column(C.REFERENCE).to_pylist()))
-    sample = SampleConfig(**{**to_stage(cfg.sample).__dict__, "backend": "hf"})
-    oracle_ll = score_texts(base_path(cfg, oracle), sample, pairs)
-    import pyarrow as pa
-
-    sums = [pa.scalar([v], pa.list_(pa.float32())).as_py() if v == v else None for v in oracle_ll]
+    sampler = make_sampler(base_path(cfg, oracle), SampleConfig(**{**to_stage(cfg.sample).__dict__, "backend": "hf"}))
+    got = sampler.reference_scores(table.column(C.PROMPT).to_pylist(), table.column(C.REFERENCE).to_pylist())
+    sums = [[math.fsum(g.logprobs)] if g.logprobs else None for g in got]  # the statistic reads only sums
+    ctx = [None if math.isnan(g.context_logprob) else g.context_logprob for g in got]
     table = table.set_column(table.schema.get_field_index(C.REFMODEL_TOKEN_LOGPROBS), C.REFMODEL_TOKEN_LOGPROBS,
                              pa.array(sums, pa.list_(pa.float32())))
+    if C.REFMODEL_PROMPT_LOGPROB in table.column_names:
+        table = table.set_column(table.schema.get_field_index(C.REFMODEL_PROMPT_LOGPROB), C.REFMODEL_PROMPT_LOGPROB,
+                                 pa.array(ctx, pa.float64()))
     lr = selfcal.likelihood_ratio(table)
     return selfcal.estimate_empirical(lr["task_id"], lr["s"], lr["why"], n_boot=300, seed=12)
 
@@ -219,7 +224,11 @@ def main() -> None:
     ap.add_argument("--output", required=True)
     ap.add_argument("--only", default="", help="comma-separated target names (default: all)")
     ap.add_argument("--no-oracle", action="store_true", help="skip the oracle-reference rows")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="one more setting for every card and audit, e.g. columns.advprompt=false (a card and "
+                         "its audits must agree: use a fresh --output or targets whose cards it builds)")
     args = ap.parse_args()
+    SETTINGS.extend(args.set)
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -230,7 +239,10 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     cfg = load_config([AUDIT_DEFAULTS], SETTINGS, AuditConfig)
     tasks = load_tasks(cfg)
-    names = [n for n in TARGETS if not args.only or n in args.only.split(",")]
+    names = [n for n in args.only.split(",") if n] if args.only else list(TARGETS)  # in the order asked
+    unknown = [n for n in names if n not in TARGETS]
+    if unknown:
+        ap.error(f"unknown targets {unknown}; known: {', '.join(TARGETS)}")
     t0 = time.perf_counter()
     cards = {}
     rows, oracle_rows = [], []

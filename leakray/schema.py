@@ -68,6 +68,9 @@ class C:
     REF_TOKEN_SIGMA = "ref_token_sigma"  # list<float>: std_v of log p(v | ...) at t (Min-K%++)
     REF_TOKEN_RANK = "ref_token_rank"  # list<int>: rank of the reference token at t (0 = argmax; CodeMI)
     REFMODEL_TOKEN_LOGPROBS = "refmodel_token_logprobs"  # list<float>: same tokens under the reference model
+    # sum of log p over the prompt's own tokens (RefScores.context_logprob): the model, the reference model
+    PROMPT_LOGPROB = "prompt_logprob"  # float; NaN when the backend gave none
+    REFMODEL_PROMPT_LOGPROB = "refmodel_prompt_logprob"  # float
     # simulate's second reference model, never the target's own pre-leak checkpoint (the oracle a
     # real audit lacks): the same text's tokens under it (its own tokenizer)
     REFALT_TOKEN_LOGPROBS = "refalt_token_logprobs"  # list<float>
@@ -128,6 +131,8 @@ def collection_schema() -> pa.Schema:
             (C.REF_TOKEN_SIGMA, pa.list_(f32)),
             (C.REF_TOKEN_RANK, pa.list_(pa.int32())),
             (C.REFMODEL_TOKEN_LOGPROBS, pa.list_(f32)),
+            (C.PROMPT_LOGPROB, pa.float64()),
+            (C.REFMODEL_PROMPT_LOGPROB, pa.float64()),
             (C.REFALT_TOKEN_LOGPROBS, pa.list_(f32)),
             (C.UPPER_COMPLETIONS, pa.list_(pa.string())),
             (C.UPPER_PERPLEXITY, pa.list_(f32)),

@@ -99,8 +99,14 @@ def rich_collection(n=160, k=5, d=16, seed=0, prefix="t", signal=1.0, shuffle_la
         ranks.append(np.where(rng.random(length) < p0, 0, rng.geometric(0.05, length)).tolist())
         rise = 0.6 * s * member[i] + rng.normal(0, 0.15, k)
         upper.append((ppl[i] * np.exp(rise)).tolist())
+    # the prompt's own log-probability (own generator: the columns above keep their values)
+    rng_p = np.random.default_rng(seed + 3000)
+    p_base = np.array([-rng_p.exponential(rng_p.uniform(1.0, 2.0), 20).sum() for _ in range(n)])
+    prompt_lp = p_base * (1 - 0.5 * s * member)
+    refmodel_prompt_lp = p_base + rng_p.normal(0, 0.2, n)
     sch = collection_schema()
-    extra = {C.PROMPT: prompts, C.REFERENCE: refs, C.COMPLETIONS: comps, C.REF_TOKEN_LOGPROBS: lps,
+    extra = {C.PROMPT_LOGPROB: prompt_lp.tolist(), C.REFMODEL_PROMPT_LOGPROB: refmodel_prompt_lp.tolist(),
+             C.PROMPT: prompts, C.REFERENCE: refs, C.COMPLETIONS: comps, C.REF_TOKEN_LOGPROBS: lps,
              C.REF_TOKEN_MU: mus, C.REF_TOKEN_SIGMA: sigmas, C.REF_TOKEN_RANK: ranks,
              C.REFMODEL_TOKEN_LOGPROBS: refmodel, C.UPPER_PERPLEXITY: upper}
     for name, values in extra.items():

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from cgmia_data import synthetic_collection
@@ -52,6 +53,7 @@ def test_inflation_ratio_and_unbounded_case():
 def test_card_saves_and_reuses_the_same_scores(tmp_path):
     from leakray.config import AUDIT_DEFAULTS, AuditConfig, load_config
     from leakray.detect.card import DetectorCard
+    from leakray.detect import registry
     from leakray.protocols.card import build_card
 
     cfg = load_config([AUDIT_DEFAULTS], ["detect.detectors=[cgmia,ref_loss]", "detect.use_ray_train=false",
@@ -67,6 +69,15 @@ def test_card_saves_and_reuses_the_same_scores(tmp_path):
         y, s = card.val_scores(name)
         assert len(y) == 40 and set(np.unique(y)) == {0, 1}
     assert card.meta["detectors"]["cgmia"]["suspect_cut"]["fpr"] <= 0.05
+    # the card route's distributions: every shadow row for a detector that learnt nothing (its scores
+    # on the fit half are the detector's own, untouched), only the held-out half for one that learnt
+    y_all, s_all = card.shadow_scores("ref_loss")
+    assert len(y_all) == 80 and y_all.sum() == shadow.column("member").to_numpy().sum()
+    fit_ids = set(card.meta["fit_task_ids"])
+    fit_rows = shadow.filter(pa.array([t in fit_ids for t in shadow.column("task_id").to_pylist()]))
+    np.testing.assert_allclose(np.sort(s_all), np.sort(np.r_[card.val_scores("ref_loss")[1],
+                                                             registry.make("ref_loss").score(fit_rows)]))
+    assert len(card.shadow_scores("cgmia")[0]) == 40
     with pytest.raises(BadInput):
         DetectorCard(tmp_path)  # no card.json
 

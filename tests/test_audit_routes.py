@@ -263,3 +263,84 @@ def test_the_report_names_how_the_cards_shadow_leaked():
     assert shadow_vs_target(before_leak_kinds, cfg)["shadow_leak"] == {"mode": "finetune"}
     assert _leak_words({"mode": "pretrain-mix", "dose": 16}) == "read each member 16 times in pretraining"
     assert _leak_words({"mode": "finetune", "epochs": 15}) == "was fine-tuned on its members for 15 epochs"
+
+
+def _faint_card(rng, n=82, shift=1.8):
+    """A card whose members sit `shift` sds above its non-members (a pretraining-mixture leak read
+    16 times measured about 1.8 against its pre-leak checkpoint), 82 + 82 shadow rows."""
+    y = np.r_[np.ones(n), np.zeros(n)].astype(int)
+    return y, np.r_[rng.normal(shift, 1, n), rng.normal(0, 1, n)]
+
+
+@pytest.mark.parametrize("share", [0.0, 0.25])
+def test_a_faint_cards_share_is_not_printed_when_the_scale_cannot_be_pinned(share):
+    """Members 1.8 sds above non-members (a pretraining-mixture card): on the card's own scale the
+    mixture weight is right and narrower than a count above a cut, but with members the target's
+    scores fit as well with the card moved (fewer members, or the same members on a lower scale: a
+    shadow that read more members spills over onto its non-members), so the route gives no number
+    and says why."""
+    rng = np.random.default_rng(11)
+    y, s = _faint_card(rng)
+    member = rng.random(164) < share
+    target = np.where(member, rng.normal(1.8, 1, 164), rng.normal(0, 1, 164))
+    res = card_estimate(target, y, s, np.full(164, 0.3), 0.5, fdr=0.1, n_boot=200, max_width=0.3)
+    fixed = res["mixture"]["fixed_scale_ci"]
+    assert abs(res["mixture"]["fixed_scale"] - member.mean()) <= 0.1 and fixed[0] <= member.mean() <= fixed[1]
+    adj = res["adjusted_count"]["ci"]
+    assert adj[1] - adj[0] > fixed[1] - fixed[0]  # the cut's exact-bound interval is wider
+    if share:
+        assert not res["usable"] and "cannot tell fewer members from a shadow whose scale" in res["why_unusable"]
+    else:  # no member: nothing to trade against the scale; "none" holds
+        assert res["usable"] and res["estimate"] <= 0.05 and res["ci"][1] <= 0.3 and res["flagged"].sum() <= 0.05 * 164
+
+
+def test_a_clear_card_pins_the_share_even_off_its_scale():
+    """Members 4 sds above: a shift of the target's scores cannot pass for members."""
+    rng = np.random.default_rng(12)
+    y = np.r_[np.ones(82), np.zeros(82)].astype(int)
+    s = np.r_[rng.normal(4, 1, 82), rng.normal(0, 1, 82)]
+    member = rng.random(164) < 0.25
+    target = np.where(member, rng.normal(4, 1, 164), rng.normal(0, 1, 164)) - 0.5  # the target's scale: lower
+    res = card_estimate(target, y, s, np.full(164, 0.3), 0.5, fdr=0.1, n_boot=200, max_width=0.3)
+    assert res["usable"], res.get("why_unusable")
+    assert abs(res["estimate"] - member.mean()) <= 0.1 and res["ci"][0] <= member.mean() <= res["ci"][1]
+    assert res["mixture"]["shifted"]["delta"] == pytest.approx(-0.5, abs=0.5)
+
+
+def test_mixture_weight_is_exact_on_a_noiseless_mixture_and_undefined_without_separation():
+    s0, s1 = np.linspace(-1, 1, 200), np.linspace(4, 6, 200)
+    t = np.r_[np.linspace(-1, 1, 120), np.linspace(4, 6, 40)]
+    assert card_route.mixture_weight(t, s0, s1) == pytest.approx(0.25, abs=0.01)
+    assert card_route.mixture_weight(t, s0, s0) is None
+    rng = np.random.default_rng(0)
+    res = card_route.mixture_estimate(t, np.r_[np.zeros(200), np.ones(200)].astype(int), np.r_[s0, s1], seed=1)
+    assert res["ci"][0] <= 0.25 <= res["ci"][1] and res["ci"][1] - res["ci"][0] < 0.2  # 160 tasks: binomial noise
+
+
+def _collection(tgt_sol, ref_sol, tgt_prompt, ref_prompt):
+    import pyarrow as pa
+
+    from leakray.schema import C
+
+    n = len(tgt_sol)
+    cols = {C.TASK_ID: [f"t/{i}" for i in range(n)], C.PROMPT: ["def f():\n"] * n,
+            C.REFERENCE: ["def f():\n    return 1\n"] * n, C.NOTES: [[] for _ in range(n)],
+            C.REF_TOKEN_LOGPROBS: tgt_sol, C.REFMODEL_TOKEN_LOGPROBS: ref_sol}
+    if tgt_prompt is not None:
+        cols.update({C.PROMPT_LOGPROB: tgt_prompt, C.REFMODEL_PROMPT_LOGPROB: ref_prompt})
+    return pa.table(cols)
+
+
+def test_self_calibrated_statistic_reads_prompt_and_solution_and_says_which():
+    table = _collection([[-1.0, -2.0], [-1.0]], [[-2.0, -2.0], [-1.5]], [-3.0, None], [-6.0, -1.0])
+    got = selfcal.likelihood_ratio(table)
+    from leakray.data.tasks import continuation
+
+    sol = len(continuation("def f():\n", "def f():\n    return 1\n"))
+    chars = sol + len("def f():\n")
+    assert got["s"][0] == pytest.approx((1.0 + 3.0) / chars) and "prompt and solution" in got["statistic"]
+    assert np.isnan(got["s"][1]) and "for the prompt" in got["why"][1]
+    solution_only = selfcal.likelihood_ratio(table, text="solution")
+    assert solution_only["s"][1] == pytest.approx(0.5 / sol)
+    old = selfcal.likelihood_ratio(_collection([[-1.0]], [[-1.5]], None, None))  # collected before the columns
+    assert old["s"][0] == pytest.approx(0.5 / sol) and "of the solution" in old["statistic"]

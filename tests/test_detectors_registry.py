@@ -13,7 +13,7 @@ from leakray.detect.base import missing_input
 from leakray.errors import BadInput
 from leakray.schema import C, collection_schema
 
-SCORE_ONLY = ["ref_loss", "min_k", "min_k_pp", "zlib", "ref_calibrated", "detectleak", "gt_match", "cdd", "buzzer_b"]
+SCORE_ONLY = ["ref_loss", "min_k", "min_k_pp", "zlib", "ref_calibrated", "ref_calibrated_text", "detectleak", "gt_match", "cdd", "buzzer_b"]
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +27,9 @@ def _auc(table, name):
 
 def test_registry_lists_every_detector_with_a_valid_spec():
     names = registry.names()
-    # the three memory probes and text_combined joined; then ref_calibrated against a non-oracle reference
-    assert len(names) == len(set(names)) == 29
+    # the three memory probes and text_combined joined; then ref_calibrated against a non-oracle reference,
+    # then over the prompt and the solution
+    assert len(names) == len(set(names)) == 30
     schema_cols = set(collection_schema().names)
     for name in names:
         spec = registry.spec(name)

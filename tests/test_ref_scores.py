@@ -71,6 +71,12 @@ def test_reference_scores_equal_a_direct_computation(hf):
             assert s.rank[t] == int(np.where(order == target[t])[0][0])
         # not trivially the token's own values: a distribution with spread, ranks not all 0
         assert all(sg > 0 for sg in s.sigma) and any(m != lp for m, lp in zip(s.mu, s.logprobs))
+        # the prompt's own tokens, from the same pass: every context token but the first
+        ids, n_ctx = reference_tokens(hf.tok, prompt, ref, hf.max_positions, Counter())
+        with torch.inference_mode():
+            full = torch.log_softmax(hf.model(torch.tensor([ids])).logits[0].double(), -1).numpy()
+        want_ctx = sum(full[j - 1, ids[j]] for j in range(1, n_ctx))
+        assert n_ctx >= 3 and s.context_logprob == pytest.approx(want_ctx, abs=1e-3) and s.context_logprob < 0
     assert any(r > 0 for s in scores for r in s.rank)
     # reference_loss keeps its meaning: the model's own loss on the continuation tokens
     ids, n_ctx = reference_tokens(hf.tok, PROMPTS[0], REFS[0], hf.max_positions, Counter())
@@ -204,6 +210,8 @@ def test_vllm_reference_scores_from_prompt_logprobs(fake_vllm):
     assert ok.logprobs == pytest.approx([-0.1 * (j % 4) - 0.05 for j in range(2, 6)])
     assert ok.rank == [j % 4 for j in range(2, 6)] and ok.mu is None and ok.sigma is None
     assert ok.loss == -math.fsum(ok.logprobs) / 4 and ok.notes == ["ref_mu_sigma_unavailable"]
+    # the prompt's tokens: position 1 only ("a" at 0 has no log-prob)
+    assert ok.context_logprob == pytest.approx(-0.1 * 1 - 0.05) and math.isnan(none.context_logprob)
     assert math.isnan(none.loss) and none.notes == ["ref_loss_no_continuation"]
     assert s.reference_loss(["ab"], ["abcdef"]) == [ok.loss]
     s.llm.with_rank = False  # a version that reports no rank: None, said so
@@ -244,6 +252,7 @@ def test_endpoint_scores_are_logprobs_only(tiny_lm, hf):
     for g, w in zip(got, want):
         assert g.logprobs == pytest.approx(w.logprobs, abs=1e-4) and g.loss == -math.fsum(g.logprobs) / len(g.logprobs)
         assert g.mu is g.sigma is g.rank is None
+        assert g.context_logprob == pytest.approx(w.context_logprob, abs=1e-3)  # the echo's prompt tokens
         assert g.notes == ["ref_mu_sigma_unavailable", "ref_rank_unavailable"]
     assert math.isnan(got[2].loss) and got[2].notes == ["ref_loss_no_continuation"]
     assert sampler.loss_notes == [[], [], ["ref_loss_no_continuation"]]  # only NaN reasons, as before

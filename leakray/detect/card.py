@@ -33,6 +33,9 @@ from leakray.schema import S
 
 CARD_FILE = "card.json"
 VAL_SCORES = "val_scores.parquet"
+# the detectors that learn nothing, scored on the fit half too: nothing chose anything on those rows
+# for them, so the card route's member/non-member distributions may use every shadow task
+FIT_SCORES = "fit_scores.parquet"
 DETECTORS_DIR = "detectors"
 VERSION = 2  # 2: plain-data detector files with recorded hashes (1: pickles)
 
@@ -73,6 +76,18 @@ class DetectorCard:
         t = pq.read_table(self.path / VAL_SCORES).to_pandas()
         t = t[(t[S.DETECTOR] == name) & (t[S.SEED] == seed)].sort_values(S.TASK_ID)
         return t[S.MEMBER].to_numpy(np.int64), t[S.SCORE].to_numpy(np.float64)
+
+    def shadow_scores(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(member, score) on every shadow row nothing was fitted on for ``name``: the held-out rows,
+        plus the fit half for a detector that learns nothing (when the card stored them)."""
+        y, s = self.val_scores(name)
+        path = self.path / FIT_SCORES
+        if self.meta["detectors"][name]["spec"].get("learns") or not path.exists():
+            return y, s
+        t = pq.read_table(path).to_pandas()
+        t = t[t[S.DETECTOR] == name]
+        return (np.concatenate([y, t[S.MEMBER].to_numpy(np.int64)]),
+                np.concatenate([s, t[S.SCORE].to_numpy(np.float64)]))
 
     def load_detector(self, name: str):
         from leakray.detect import registry

@@ -28,6 +28,7 @@ _ENTRIES = {
     "zlib": "zlib_ratio:ZlibRatio",
     "ref_calibrated": "ref_calibrated:RefCalibrated",
     "ref_calibrated_nonoracle": "ref_calibrated_nonoracle:RefCalibratedNonOracle",
+    "ref_calibrated_text": "ref_calibrated_text:RefCalibratedText",
     # generation only (the k completions)
     "detectleak": "detectleak:DetectLeak",
     "gt_match": "gt_match:GTMatch",

@@ -36,26 +36,41 @@ def card_estimate(target_score, val_y, val_s, prob, train_prior: float, *, fdr: 
                 "flagged": np.zeros(len(t), bool), "posterior": np.full(len(t), np.nan)}
     rates = card_route.crossfit_rates(val_y, val_s, seed)
     k = int((t[ok] >= rates["cut"]).sum())
-    est, lo, hi = card_route.adjusted_interval(k, int(ok.sum()), rates)
+    adj, adj_lo, adj_hi = card_route.adjusted_interval(k, int(ok.sum()), rates)
+    # the estimate reads the target's whole score distribution against the card's two (a count
+    # above one cut, Forman's adjusted count, is kept beside it: measured on a pretraining-mixture
+    # card, its exact-bound interval spanned most of [0, 1] where the mixture weight's did not)
+    mix = card_route.mixture_estimate(t[ok], val_y, val_s, n_boot=n_boot, seed=seed)
     check = card_route.transfer_check(t[ok], val_y, val_s, n_boot=n_boot, seed=seed)
-    separates = rates["tpr_ci"][0] - rates["fpr_ci"][1] > 0.05
+    est, (lo, hi) = mix["estimate"], mix["ci"]
     out.update(estimate=est, ci=[lo, hi], rates={k_: v for k_, v in rates.items() if k_ != "cut"},
-               cut=rates["cut"], flagged_share=k / ok.sum(), transfer=check)
+               cut=rates["cut"], flagged_share=k / ok.sum(), transfer=check, mixture=mix,
+               adjusted_count={"estimate": adj, "ci": [adj_lo, adj_hi]})
     why = []
-    if not separates:
-        why.append("the detector does not separate the card's held-out members from non-members with certainty "
-                   f"(TPR {rates['tpr']:.2f} [{rates['tpr_ci'][0]:.2f}, {rates['tpr_ci'][1]:.2f}] vs FPR "
-                   f"{rates['fpr']:.2f} [{rates['fpr_ci'][0]:.2f}, {rates['fpr_ci'][1]:.2f}] off the rows that chose the cut)")
+    if est is None:
+        why.append(mix["why"])
     if not check["ok"]:
         why.append(check["why"])
-    if hi - lo > max_width:
+    if est is not None and hi - lo > max_width:
         # measured: a pretraining-mixture card (primary AUC 0.77 on its shadow) gave 57% [2%, 100%]
         # for a target with 25% members; a point estimate inside such an interval means nothing
-        why.append(f"its 95% interval [{lo:.0%}, {hi:.0%}] is wider than {max_width:.0%}: the card's detector "
-                   "separates members too weakly, on too few held-out shadow tasks, to pin the share down")
+        f_lo, f_hi = mix["fixed_scale_ci"]
+        if f_hi - f_lo <= max_width:
+            # measured: the same kind of card at AUC 0.89 said 0% [0%, 13%] on its own scale for a target
+            # with 25% members read 16 times; the shadow, which read twice as many, scored its
+            # non-members 0.09 higher than the target scored its own
+            sh = mix["shifted"]
+            why.append(f"its 95% interval [{lo:.0%}, {hi:.0%}] is wider than {max_width:.0%}: on the card's own scale "
+                       f"the share would be {mix['fixed_scale']:.0%} [{f_lo:.0%}, {f_hi:.0%}], but the target's scores fit as well with "
+                       f"the card's moved by {sh['delta']:+.3g} ({sh['estimate']:.0%} [{sh['ci'][0]:.0%}, "
+                       f"{sh['ci'][1]:.0%}]): they cannot tell fewer members from a shadow whose scale is not the "
+                       "target's (a shadow that read more members scores its non-members higher too)")
+        else:
+            why.append(f"its 95% interval [{lo:.0%}, {hi:.0%}] is wider than {max_width:.0%}: the card's detector "
+                       "separates members too weakly, on too few shadow tasks, to pin the share down")
     post = np.full(len(t), np.nan)
     flags = np.zeros(len(t), bool)
-    post[ok], flags[ok] = card_route.posterior_flags(np.asarray(prob)[ok], train_prior, est, fdr)
+    post[ok], flags[ok] = card_route.posterior_flags(np.asarray(prob)[ok], train_prior, est or 0.0, fdr)
     out.update(usable=not why, posterior=post, flagged=flags, **({"why_unusable": "; ".join(why)} if why else {}))
     return out
 

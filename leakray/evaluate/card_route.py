@@ -109,6 +109,81 @@ def transfer_check(target, val_y, val_s, n_boot: int = 200, seed: int = 0, alpha
     return out
 
 
+def mixture_weight(t, s0, s1) -> float | None:
+    """The share pi for which (1 - pi) F0 + pi F1 is nearest the target's empirical CDF, in least
+    squares over the target's scores (the mixture's CDF is linear in pi, so pi has a closed form).
+    It reads the whole distribution, not one cut: where members and non-members overlap (a faint
+    leak), a count above a cut wastes most of what the scores say. None when F0 = F1 there."""
+    x = np.sort(np.asarray(t, np.float64))
+    emp = (np.arange(1, len(x) + 1) - 0.5) / len(x)
+    f0 = np.searchsorted(np.sort(s0), x, side="right") / len(s0)
+    f1 = np.searchsorted(np.sort(s1), x, side="right") / len(s1)
+    d = f1 - f0
+    if float(np.sum(d * d)) < 1e-12:
+        return None
+    return float(np.clip(np.sum((emp - f0) * d) / np.sum(d * d), 0.0, 1.0))
+
+
+def shifted_mixture_weight(t, s0, s1, steps: int = 41) -> tuple[float, float] | None:
+    """(pi, delta): the mixture weight when the card's two distributions may also sit ``delta`` off
+    the target's (both moved together; delta on a grid of +-0.75 non-member sds). A shadow that read
+    more members than the target spills over onto its non-members: measured on a pretraining-mixture
+    card (82 members read 16 times), its non-members scored 0.09 (0.6 sd) above the target's. Not
+    wider: far enough, "all members, moved down" passes for "no member" when F0 and F1 share a shape."""
+    x = np.sort(np.asarray(t, np.float64))
+    emp = (np.arange(1, len(x) + 1) - 0.5) / len(x)
+    sd = float(np.std(s0)) or 1.0
+    best = None
+    for d in np.linspace(-0.75 * sd, 0.75 * sd, steps):
+        pi = mixture_weight(x, s0 + d, s1 + d)
+        if pi is None:
+            continue
+        f = (1 - pi) * np.searchsorted(np.sort(s0 + d), x, side="right") / len(s0) \
+            + pi * np.searchsorted(np.sort(s1 + d), x, side="right") / len(s1)
+        err = float(np.sum((emp - f) ** 2))
+        if best is None or err < best[0]:
+            best = (err, pi, float(d))
+    return None if best is None else (best[1], best[2])
+
+
+def mixture_estimate(target, y, s, n_boot: int = 200, seed: int = 0) -> dict:
+    """The leaked fraction as the target's mixture weight between the card's non-member (F0) and
+    member (F1) score distributions, with a 95% bootstrap interval that resamples the target's tasks
+    *and* the card's rows (F0 and F1 are estimated from few shadow tasks: their uncertainty is in
+    the interval). Assumes what `transfer_check` tests: the target's scores are such a mixture."""
+    t = np.asarray(target, np.float64)
+    t = t[np.isfinite(t)]
+    y, s = np.asarray(y, np.int64), np.asarray(s, np.float64)
+    s0, s1 = s[y == 0], s[y == 1]
+    est = mixture_weight(t, s0, s1)
+    if est is None:
+        return {"estimate": None, "ci": [None, None], "why": "the card's member and non-member scores coincide"}
+    rng = np.random.default_rng(seed)
+    boots, shifted = [], []
+    for _ in range(int(n_boot)):
+        bt, b0, b1 = rng.choice(t, len(t)), rng.choice(s0, len(s0)), rng.choice(s1, len(s1))
+        boots.append(mixture_weight(bt, b0, b1))
+        shifted.append(shifted_mixture_weight(bt, b0, b1, steps=21))
+    boots = np.asarray([b for b in boots if b is not None])
+    lo, hi = np.percentile(boots, [2.5, 97.5]).tolist() if len(boots) else (0.0, 1.0)
+    # The interval also covers the fit that lets the target's scale sit off the card's: where the
+    # target's own scores cannot tell "fewer members" from "the same members, lower scale", the
+    # interval says so by its width instead of claiming the card's absolute scale holds.
+    pi_shift, delta = shifted_mixture_weight(t, s0, s1) or (None, None)
+    spi = np.asarray([b[0] for b in shifted if b is not None])
+    s_lo, s_hi = np.percentile(spi, [2.5, 97.5]).tolist() if len(spi) else (0.0, 1.0)
+    # the point estimate lets the location float too: at the card's scale it is the same number, off
+    # it the fixed-scale weight is biased (a target 0.5 card sds lower read 12% for 23% members)
+    point = est if pi_shift is None else pi_shift
+    return {"estimate": point, "ci": [float(min(lo, s_lo, point)), float(max(hi, s_hi, point))],
+            "fixed_scale": est, "fixed_scale_ci": [float(min(lo, est)), float(max(hi, est))],
+            "shifted": {"estimate": pi_shift, "delta": delta, "ci": [float(s_lo), float(s_hi)]},
+            "n_card_rows": [len(s0), len(s1)],
+            "method": "least-squares mixture weight of the target's score CDF between the card's non-member "
+                      "and member CDFs; bootstrap over target tasks and card rows; the interval also covers the "
+                      "same fit with the card's scores shifted (a location the target's scores cannot pin)"}
+
+
 def adjusted_interval(k: int, n: int, rates: dict) -> tuple[float, float, float]:
     """Forman's adjusted count (q - FPR) / (TPR - FPR) and a conservative 95% interval: the exact
     intervals of q, TPR and FPR combined at their worst corners."""

@@ -38,29 +38,54 @@ from leakray.errors import BadInput
 from leakray.schema import C, R
 
 
-def likelihood_ratio(table) -> dict:
-    """Per task of a collection: s (see the module doc) and why a task has none."""
+def likelihood_ratio(table, text: str = "whole", keep_partial: bool = False) -> dict:
+    """Per task of a collection: s (see the module doc) and why a task has none.
+
+    ``text="whole"``: over the prompt and the solution together, as a model that read the sample in
+    training saw it (the docstring is remembered too: on a tiny model that read a quarter of
+    HumanEval 16 times among clean code, the members' AUC against its own pre-leak checkpoint went
+    from 0.84 on the solution alone to 0.93). Falls back to the solution when the collection has no
+    prompt log-probabilities (collected before they existed); ``statistic`` says which was used.
+    ``keep_partial``: score a row whose text was cut to fit the model over what was scored (a
+    detector must score every row; the route leaves such rows out)."""
     from leakray.data.tasks import continuation
 
     cols = table.column_names
     ids = table.column(C.TASK_ID).to_pylist()
     if C.REF_TOKEN_LOGPROBS not in cols or C.REFMODEL_TOKEN_LOGPROBS not in cols:
-        return {"task_id": ids, "s": np.full(len(ids), np.nan),
+        return {"task_id": ids, "s": np.full(len(ids), np.nan), "statistic": None,
                 "why": ["the collection has no reference-model column (columns.reference_model)"] * len(ids)}
+    whole = text == "whole" and C.PROMPT_LOGPROB in cols and C.REFMODEL_PROMPT_LOGPROB in cols
     tgt, ref = table.column(C.REF_TOKEN_LOGPROBS).to_pylist(), table.column(C.REFMODEL_TOKEN_LOGPROBS).to_pylist()
     prompts, refs = table.column(C.PROMPT).to_pylist(), table.column(C.REFERENCE).to_pylist()
     notes = table.column(C.NOTES).to_pylist() if C.NOTES in cols else [[]] * len(ids)
+    if whole:
+        tgt_p = table.column(C.PROMPT_LOGPROB).to_pylist()
+        ref_p = table.column(C.REFMODEL_PROMPT_LOGPROB).to_pylist()
     s, why = np.full(len(ids), np.nan), []
     for i in range(len(ids)):
         cut = [n for n in (notes[i] or []) if "truncated" in n]
         if not tgt[i] or not ref[i]:
             why.append("the target or the reference model gave no log-probabilities for the solution")
-        elif cut:
+        elif cut and not keep_partial:
             why.append(f"the solution was scored in part ({cut[0]})")
+        elif whole and not (_finite(tgt_p[i]) and _finite(ref_p[i])):
+            why.append("the target or the reference model gave no log-probabilities for the prompt")
         else:
-            s[i] = (float(np.sum(tgt[i])) - float(np.sum(ref[i]))) / max(1, len(continuation(prompts[i], refs[i])))
+            delta = float(np.sum(tgt[i])) - float(np.sum(ref[i]))
+            chars = len(continuation(prompts[i], refs[i]))
+            if whole:
+                delta += float(tgt_p[i]) - float(ref_p[i])
+                chars += len(prompts[i])
+            s[i] = delta / max(1, chars)
             why.append("" if np.isfinite(s[i]) else "a log-probability is not finite")
-    return {"task_id": ids, "s": s, "why": why}
+    return {"task_id": ids, "s": s, "why": why,
+            "statistic": f"(log p_target - log p_reference) of the {'prompt and solution' if whole else 'solution'} "
+                         "per character"}
+
+
+def _finite(v) -> bool:
+    return v is not None and bool(np.isfinite(v))
 
 
 def empirical_null(x, iters: int = 500) -> dict:
@@ -100,7 +125,8 @@ def empirical_null(x, iters: int = 500) -> dict:
 
 
 def estimate_empirical(task_ids, s, why, *, fdr: float = 0.1, n_boot: int = 300, seed: int = 0,
-                       max_width: float = 0.3, min_tasks: int = 30) -> dict:
+                       max_width: float = 0.3, min_tasks: int = 30,
+                       statistic: str = "(log p_target - log p_reference) of the solution per character") -> dict:
     """The route's answer from the per-task statistic: leaked fraction, interval, p/q per task,
     flags at the FDR, and whether the number may be printed (``usable``) or why not."""
     from scipy import stats
@@ -109,8 +135,7 @@ def estimate_empirical(task_ids, s, why, *, fdr: float = 0.1, n_boot: int = 300,
     ok = np.isfinite(s)
     n = len(s)
     out = {"route": "self-calibrated (likelihood ratio to a reference model, empirical null from the target)",
-           "statistic": "(log p_target - log p_reference) of the solution per character",
-           "n_tasks": n, "n_tested": int(ok.sum()), "fdr": fdr, "max_width": max_width,
+           "statistic": statistic, "n_tasks": n, "n_tested": int(ok.sum()), "fdr": fdr, "max_width": max_width,
            "not_tested": {r: why.count(r) for r in sorted(set(w for w in why if w))}}
     p, q, flagged = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, bool)
     per_task = {"task_id": list(task_ids), "s": s, "p": p, "q": q, "flagged": flagged}

@@ -214,8 +214,8 @@ class EndpointSampler:
         distribution), said in each row's notes. `loss_notes` keeps only why a loss is NaN."""
         out = self._map(self._loss_one, list(zip(prompts, references)))
         self.loss_notes = [notes for _, notes in out]
-        return [RefScores.unscorable(notes) if lps is None else scores_from_logprobs(lps)
-                for lps, notes in out]
+        return [RefScores.unscorable(notes) if got is None else scores_from_logprobs(got[0], context=got[1])
+                for got, notes in out]
 
     def close(self) -> None:
         if self._pool is not None:
@@ -273,8 +273,8 @@ class EndpointSampler:
             counts.append(min(n, len(values)))
         return self._samples(texts, ppls, counts, notes)
 
-    def _loss_one(self, prompt: str, reference: str) -> tuple[list[float] | None, list[str]]:
-        """(the scored tokens' log-probs, []) or (None, why not)."""
+    def _loss_one(self, prompt: str, reference: str) -> tuple[tuple[list[float], list[float]] | None, list[str]]:
+        """((the scored tokens' log-probs, the prompt tokens'), []) or (None, why not)."""
         cont = continuation(prompt, reference)
         if not cont.strip():
             return self._no_continuation()
@@ -309,7 +309,9 @@ class EndpointSampler:
         scored = [v for v, o, e in zip(values, offsets, ends) if e > start and o < len(text) and v is not None]
         if not scored:
             return self._no_continuation()
-        return [float(v) for v in scored], []
+        # the prompt's own tokens (the first has no log-prob: nothing predicts it)
+        context = [float(v) for v, e in zip(values[1:], ends[1:]) if e <= start and v is not None]
+        return ([float(v) for v in scored], context), []
 
     def _no_continuation(self) -> tuple[None, list[str]]:
         with self._lock:

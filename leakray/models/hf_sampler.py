@@ -13,7 +13,6 @@ gives each token's log-prob, Min-K%++'s mean/std of log p over the vocabulary, a
 
 from __future__ import annotations
 
-import inspect
 from collections import Counter
 
 from leakray.data.tasks import generation_prompt
@@ -55,7 +54,6 @@ class HFSampler:
             raise BadInput(f"max_new_tokens={cfg.max_new_tokens} leaves no room for a prompt in the "
                            f"model's {self.max_positions} positions", field="sample.max_new_tokens")
         self.special = set(self.tok.all_special_ids)
-        self._keeps_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
 
     # the collection stage may hand this sampler a whole batch of tasks per call (see
     # stages.collect.SampleStage): per-prompt degradations are then in each Samples' notes
@@ -136,12 +134,13 @@ class HFSampler:
 
         n_ctx = max(1, n_ctx)  # the first token has no prediction (reference_tokens keeps one context token)
         inputs = torch.tensor([ids], device=self.device)
-        # only the positions that predict a scored token: logits over the whole context would
-        # cost len(ids) x vocabulary memory for nothing
-        keep_n = len(ids) - n_ctx + 1
-        extra = {"logits_to_keep": keep_n} if self._keeps_logits else {}
-        logits = self.model(input_ids=inputs, **extra).logits[0, -keep_n:-1]
+        # every position's logits: the context's tokens are scored too (`RefScores.context_logprob`)
+        every = self.model(input_ids=inputs).logits[0]
+        logits = every[n_ctx - 1:-1]
         target = inputs[0, n_ctx:]
+        # the context tokens' log-probs without a [n_ctx, V] log-softmax copy: logit - logsumexp
+        head = every[: n_ctx - 1].float()
+        context = (head.gather(-1, inputs[0, 1:n_ctx, None]).squeeze(-1) - torch.logsumexp(head, -1)).tolist()
         logp = torch.log_softmax(logits.float(), dim=-1)  # [T, V]
         tok_lp = logp.gather(-1, target[:, None]).squeeze(-1)
         p = logp.exp()
@@ -152,4 +151,4 @@ class HFSampler:
         sigma = (p * dev * dev).sum(-1).clamp_min(0).sqrt()
         # vLLM's definition (Logprob.rank - 1): a tie counts against the reference token
         rank = (logp >= tok_lp[:, None]).sum(-1) - 1
-        return scores_from_logprobs(tok_lp.tolist(), mu.tolist(), sigma.tolist(), rank.tolist())
+        return scores_from_logprobs(tok_lp.tolist(), mu.tolist(), sigma.tolist(), rank.tolist(), context=context)

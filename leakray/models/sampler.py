@@ -80,13 +80,19 @@ class RefScores:
     sigma: list[float] | None  # per token: sqrt(E_v[(log p_v)^2] - mu^2) under p (Min-K%++)
     rank: list[int] | None  # per token: tokens with log-prob >= the reference token's, less itself (0 = argmax)
     notes: list[str] = field(default_factory=list)  # why something is missing ("ref_loss_too_long", ...)
+    # sum of log p(token | earlier tokens) over the context (the prompt) tokens the same pass saw,
+    # its first token aside (nothing predicts it); NaN when the backend gave none. A model that read
+    # the whole sample in training knows its docstring too: the self-calibrated audit route reads
+    # prompt and solution together (`evaluate.selfcal`).
+    context_logprob: float = math.nan
 
     @classmethod
     def unscorable(cls, notes: list[str]) -> RefScores:
         return cls(math.nan, None, None, None, None, list(notes))
 
 
-def scores_from_logprobs(logprobs: list[float], mu=None, sigma=None, rank=None, notes=()) -> RefScores:
+def scores_from_logprobs(logprobs: list[float], mu=None, sigma=None, rank=None, notes=(),
+                         context: list[float] | None = None) -> RefScores:
     """A RefScores whose loss is exactly -mean(logprobs), and a note per missing field."""
     if not logprobs:
         return RefScores.unscorable([REF_LOSS_NO_CONTINUATION, *notes])
@@ -96,7 +102,8 @@ def scores_from_logprobs(logprobs: list[float], mu=None, sigma=None, rank=None, 
         notes.append(REF_MU_SIGMA_UNAVAILABLE)
     if rank is None:
         notes.append(REF_RANK_UNAVAILABLE)
-    return RefScores(-math.fsum(logprobs) / len(logprobs), list(logprobs), mu, sigma, rank, notes)
+    ctx = math.fsum(context) if context else math.nan
+    return RefScores(-math.fsum(logprobs) / len(logprobs), list(logprobs), mu, sigma, rank, notes, ctx)
 
 
 class Sampler(Protocol):

@@ -315,6 +315,7 @@ class VLLMSampler:
                 continue
             span = range(max(1, n_ctx), len(ids))
             ranks = [_rank(entries[j], ids[j]) for j in span]
+            context = [_logprob(entries[j], ids[j]) for j in range(1, n_ctx)]  # entries[0] is None
             out[i] = scores_from_logprobs([_logprob(entries[j], ids[j]) for j in span],
-                                          rank=None if None in ranks else ranks)
+                                          rank=None if None in ranks else ranks, context=context)
         return out

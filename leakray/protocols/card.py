@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from leakray.detect.card import DETECTORS_DIR, DetectorCard, write_card
+from leakray.detect.card import DETECTORS_DIR, FIT_SCORES, DetectorCard, write_card
 from leakray.evaluate.calibration import calibration_report, fit_calibrator
 from leakray.evaluate.thresholds import choose_threshold
 from leakray.schema import C, S
@@ -57,6 +57,27 @@ def build_card(shadow: pa.Table, cfg, out: Path, *, storage: Path, meta: dict) -
     # a leak-free model's pass@1 per task (the shadow on the tasks it never saw): the inflation's null
     pq.write_table(pa.table({S.TASK_ID: shadow.column(C.TASK_ID), S.MEMBER: shadow.column(C.MEMBER),
                              "pass1": pa.array(pass_at_1(shadow))}), out / SHADOW_TASKS)
+    pq.write_table(fit_half_scores(fit, result["specs"], d.params), out / FIT_SCORES)
     meta = {**meta, "fit_task_ids": sorted(fit.column(C.TASK_ID).to_pylist())}
     return write_card(out, result=result, val_table=val, calibration=calibration, calibration_quality=quality,
                       suspect_cuts=cuts, meta=meta)
+
+
+def fit_half_scores(fit: pa.Table, specs: dict[str, dict], params: dict | None = None) -> pa.Table:
+    """The detectors that learn nothing, scored on the fit half (their scores there are as
+    untouched as on the validation half): more shadow rows for the card route's distributions."""
+    from leakray.detect import registry
+    from leakray.detect.base import missing_input
+
+    rows = {S.DETECTOR: [], S.TASK_ID: [], S.MEMBER: [], S.SCORE: []}
+    ids, member = fit.column(C.TASK_ID).to_pylist(), fit.column(C.MEMBER).to_pylist()
+    for name, spec in specs.items():
+        if spec["learns"] or missing_input(fit, registry.spec(name).columns):
+            continue
+        score = np.asarray(registry.make(name, (params or {}).get(name)).score(fit), np.float64)
+        rows[S.DETECTOR] += [name] * len(ids)
+        rows[S.TASK_ID] += ids
+        rows[S.MEMBER] += member
+        rows[S.SCORE] += score.tolist()
+    return pa.table({S.DETECTOR: pa.array(rows[S.DETECTOR], pa.string()), S.TASK_ID: pa.array(rows[S.TASK_ID], pa.string()),
+                     S.MEMBER: pa.array(rows[S.MEMBER], pa.int8()), S.SCORE: pa.array(rows[S.SCORE], pa.float64())})

@@ -135,7 +135,7 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
     evidence = screening_evidence(run_dir, cfg.benchmark.name)
     confirmed = np.array([t in evidence for t in task_ids])  # every pair reported cleared the screener's bar
 
-    val_y, val_s = card.val_scores(primary)
+    val_y, val_s = card.shadow_scores(primary)  # a detector that learns nothing: every shadow row
     card_result = card_estimate(score, val_y, val_s, prob, float(val_y.mean()), fdr=a.fdr, seed=a.shadow_seed,
                                 n_boot=min(a.bootstrap, 200), max_width=a.max_width)
     selfcal_result = self_calibrated(target, a)
@@ -230,7 +230,8 @@ def self_calibrated(target: pa.Table, a) -> dict:
     solution and the reference model's)."""
     lr = selfcal.likelihood_ratio(target)
     return selfcal.estimate_empirical(lr["task_id"], lr["s"], lr["why"], fdr=a.fdr, n_boot=min(a.bootstrap, 300),
-                                      seed=a.shadow_seed, max_width=a.max_width)
+                                      seed=a.shadow_seed, max_width=a.max_width,
+                                      **({"statistic": lr["statistic"]} if lr["statistic"] else {}))
 
 
 def rewrite_test(run_dir: Path, task_ids: list[str], a) -> dict | None:

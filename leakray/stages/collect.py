@@ -254,8 +254,8 @@ class SampleStage:
 
     def _columns(self, adv: bool) -> list[str]:
         names = [C.COMPLETIONS, C.PERPLEXITY, C.N_TOKENS, C.REF_LOSS, C.REF_TOKEN_LOGPROBS, C.REF_TOKEN_MU,
-                 C.REF_TOKEN_SIGMA, C.REF_TOKEN_RANK]
-        names += [C.REFMODEL_TOKEN_LOGPROBS] if self.ref_sampler is not None else []
+                 C.REF_TOKEN_SIGMA, C.REF_TOKEN_RANK, C.PROMPT_LOGPROB]
+        names += [C.REFMODEL_TOKEN_LOGPROBS, C.REFMODEL_PROMPT_LOGPROB] if self.ref_sampler is not None else []
         names += [C.REFALT_TOKEN_LOGPROBS] if self.alt_sampler is not None else []
         names += [C.UPPER_COMPLETIONS, C.UPPER_PERPLEXITY] if self.extra.upper_case else []
         names += [C.ADV_COMPLETIONS, C.ADV_PERPLEXITY] if adv else []
@@ -287,10 +287,11 @@ class SampleStage:
             notes += [] if row_failed(notes) else ["failed:sampler_returned_wrong_k"]
         row = {C.COMPLETIONS: s.completions, C.PERPLEXITY: s.perplexity, C.N_TOKENS: s.n_tokens,
                C.REF_LOSS: scores.loss, C.REF_TOKEN_LOGPROBS: scores.logprobs, C.REF_TOKEN_MU: scores.mu,
-               C.REF_TOKEN_SIGMA: scores.sigma, C.REF_TOKEN_RANK: scores.rank}
+               C.REF_TOKEN_SIGMA: scores.sigma, C.REF_TOKEN_RANK: scores.rank, C.PROMPT_LOGPROB: _or_none(scores.context_logprob)}
         if self.ref_sampler is not None:
             (base,) = self.ref_sampler.reference_scores([prompt], [ref])
             row[C.REFMODEL_TOKEN_LOGPROBS] = base.logprobs
+            row[C.REFMODEL_PROMPT_LOGPROB] = _or_none(base.context_logprob)
             notes += [f"refmodel_{n}" for n in base.notes]
         if self.alt_sampler is not None:
             (alt,) = self.alt_sampler.reference_scores([prompt], [ref])
@@ -563,6 +564,11 @@ def input_table(tasks: list[dict], folds: dict[str, int], members: set[str]) -> 
 
 class AllRowsFailed(RuntimeError):
     """Every row of a collection failed: a systemic fault (a broken model or sandbox), not bad rows."""
+
+
+def _or_none(value: float) -> float | None:
+    """NaN (the backend gave no value) as null: a detector that needs the column is then skipped."""
+    return None if value is None or math.isnan(value) else value
 
 
 def finalize(table: pa.Table, errors_path: Path | None = None) -> pa.Table:
