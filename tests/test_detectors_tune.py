@@ -2,6 +2,7 @@
 shadow's validation split, the target never seen), and evaluate_detectors end to end over
 the registry: skipped detectors with reasons, costs, shadow-chosen thresholds."""
 
+import pandas as pd
 import pyarrow as pa
 import pytest
 import torch
@@ -167,8 +168,12 @@ def test_detectors_side_by_side_as_ray_tasks_give_the_sequential_result(ray_loca
     assert list(side["per_seed"]) == list(seq["per_seed"]) == names  # report order kept
     for name in names:
         assert [m["auc"] for m in side["per_seed"][name]] == [m["auc"] for m in seq["per_seed"][name]], name
-        assert side["thresholds"][name] == seq["thresholds"][name]
-    assert side["scores"].equals(seq["scores"])
+        # torch in a Ray worker runs on one thread, the driver on several: float32 reductions
+        # sum in another order, so the cuts agree to rounding, not to the last bit
+        t_side, t_seq = side["thresholds"][name], seq["thresholds"][name]
+        assert {k: v for k, v in t_side.items() if k != "values"} == {k: v for k, v in t_seq.items() if k != "values"}
+        assert t_side.get("values") == pytest.approx(t_seq.get("values"), rel=1e-5, abs=1e-7), name
+    pd.testing.assert_frame_equal(side["scores"].to_pandas(), seq["scores"].to_pandas(), check_exact=False, rtol=1e-5, atol=1e-7)
     assert (tmp_path / "side" / "toy" / "detector.json").exists()  # saved on the driver
 
 
