@@ -9,4 +9,5 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 RAY_AUTH_MODE=disabled
 # subprocesses, sandboxes, compilers and Ray's start-up as much as they compute. Each worker has its
 # own session fixtures (its own head node for the job-submit tests, its own model cache), so the
 # end-to-end tests of two workers run side by side on two heads.
-exec python -m pytest -q -n auto --maxprocesses 4 "$@"
+# --durations: where the suite's time goes, printed at the end of every run (CI's log included)
+exec python -m pytest -q -n auto --maxprocesses 4 --durations=30 "$@"

@@ -79,7 +79,7 @@ def _submit(ray_head, job: list[str], env_vars: dict | None = None) -> subproces
         proc = subprocess.run(
             [ray, "job", "submit", "--address", dashboard, "--working-dir", str(ROOT),
              "--runtime-env-json", runtime_env, "--", "python", *job],
-            env=env, capture_output=True, text=True, timeout=840, cwd=ROOT)
+            env=env, capture_output=True, text=True, timeout=1500, cwd=ROOT)  # a hang guard
         if "No available agent" not in proc.stderr + proc.stdout:
             break
         time.sleep(3)

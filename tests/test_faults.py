@@ -55,7 +55,7 @@ def start_driver(spec: Path, gcs: str, env: dict, log: Path) -> subprocess.Popen
                             start_new_session=True)  # its own process group: the kill takes all of it
 
 
-def wait_for(cond, proc: subprocess.Popen, log: Path, timeout: float = 300.0):
+def wait_for(cond, proc: subprocess.Popen, log: Path, timeout: float = 900.0):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         got = cond()
@@ -90,7 +90,9 @@ def catalog_counts(out: Path) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+# A hang guard, not a speed check: 248 s alone on a slow 2-core host, more than 600 s in CI beside
+# the other end-to-end runs (stop 27). The bench scripts measure speed.
+@pytest.mark.timeout(1800)
 def test_sigkill_driver_then_resume(ray_head, tmp_path, leakray_cache):
     _, _, gcs, env = ray_head
     env = env_for(env, leakray_cache)
@@ -120,7 +122,7 @@ def test_sigkill_driver_then_resume(ray_head, tmp_path, leakray_cache):
 
     # 3) resume to the end
     proc = start_driver(spec, gcs, env, log)
-    assert proc.wait(timeout=400) == 0, log.read_text()[-3000:]
+    assert proc.wait(timeout=1200) == 0, log.read_text()[-3000:]
     final = markers(out)
     assert {k: v for k, v in final.items() if k in second} == second
     assert len(run_dirs(out)) == 2 and all((d / "report.json").exists() for d in run_dirs(out))
@@ -132,7 +134,7 @@ def test_sigkill_driver_then_resume(ray_head, tmp_path, leakray_cache):
     assert len(counts) == n_detectors and set(counts.values()) == {1}, counts  # one row per cell x detector
 
 
-def wait_held(barrier: Path, cls: str, job, timeout: float = 420.0) -> int:
+def wait_held(barrier: Path, cls: str, job, timeout: float = 900.0) -> int:
     """The pid of the first ``cls`` actor held at the collection's fault barrier."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -147,7 +149,7 @@ def wait_held(barrier: Path, cls: str, job, timeout: float = 420.0) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1800)  # a hang guard, as above
 def test_job_submit_sweep_with_sampler_actor_killed(ray_head, tmp_path, leakray_cache):
     """One job, three kills: a sampler, sandbox and embedding actor in turn, each SIGKILLed while
     it holds its first batch at the collection's test barrier ($LEAKRAY_FAULT_BARRIER), so
