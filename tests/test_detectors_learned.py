@@ -94,11 +94,32 @@ def test_combined_groups_are_switchable_and_recorded():
     det = registry.make("leakray_combined", {"groups": ["expert", "likelihood", "advprompt"]}).fit(sh, 0)
     assert set(det.info["groups_used"]) == {"expert", "likelihood"}
     assert det.info["groups_missing"] == ["advprompt"]
-    assert det.info["groups_used"]["likelihood"] == ["ref_loss", "min_k", "min_k_pp", "zlib", "ref_calibrated"]
-    assert det.info["n_features"] == 12 + 5
+    assert det.info["groups_used"]["likelihood"] == ["ref_loss", "min_k", "min_k_pp", "zlib", "ref_calibrated",
+                                                      "ref_calibrated_text"]
+    assert det.info["n_features"] == 12 + 6
     # a target without a column the detector was fitted on is refused, not silently changed
     with pytest.raises(Exception, match="ref_token_logprobs|likelihood"):
         det.score(tg.drop_columns([C.REF_TOKEN_LOGPROBS]))
+
+
+def _signal_in_the_prompt_only(table: pa.Table) -> pa.Table:
+    """The solution's log-probabilities replaced by the reference model's (no membership left in
+    them): only the prompt's log-probability still carries the planted signal."""
+    i = table.schema.get_field_index(C.REF_TOKEN_LOGPROBS)
+    return table.set_column(i, table.schema.field(i), table.column(C.REFMODEL_TOKEN_LOGPROBS))
+
+
+def test_combined_reads_the_prompt_and_solution_ratio():
+    # a leak seen in the docstring more than in the solution (a pretraining mixture's case): the
+    # composite's likelihood group must carry ref_calibrated_text, not only solution-level scores
+    sh, tg = (_signal_in_the_prompt_only(t) for t in _pair({"signal": 0.6}))
+    y = tg.column(C.MEMBER).to_numpy()
+    solution_only = registry.make("ref_calibrated").score(tg)
+    assert abs(roc_auc_score(y, solution_only) - 0.5) < 0.15  # the control: the ratio over the solution
+    det = registry.make("leakray_combined", {"groups": ["likelihood"]}).fit(sh, 0)
+    assert "ref_calibrated_text" in det.info["groups_used"]["likelihood"]
+    # without it the group read 0.71 here (ref_loss and zlib pick up the texts' lengths), with it 1.0
+    assert roc_auc_score(y, det.score(tg)) > 0.9
 
 
 def test_cgmia_ensemble_weights_follow_heldout_mcc():
