@@ -118,7 +118,7 @@ def test_combined_reads_the_prompt_and_solution_ratio():
     assert abs(roc_auc_score(y, solution_only) - 0.5) < 0.15  # the control: the ratio over the solution
     det = registry.make("leakray_combined", {"groups": ["likelihood"]}).fit(sh, 0)
     assert "ref_calibrated_text" in det.info["groups_used"]["likelihood"]
-    # without it the group read 0.71 here (ref_loss and zlib pick up the texts' lengths), with it 1.0
+    # without it the group read 0.71 here (ref_loss 0.71 and zlib 0.70 alone), with it 1.0
     assert roc_auc_score(y, det.score(tg)) > 0.9
 
 
