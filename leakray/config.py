@@ -310,7 +310,9 @@ class RayConfig(Section):
     address: str | None = None  # None: RAY_ADDRESS if set, else a fresh local Ray
     sample_actors: int = Field(2, ge=1)
     execute_actors: int = Field(1, ge=1)
-    embed_actors: int = Field(1, ge=1)
+    # 0: the encoder runs inside the sampler's actors (one fresh process fewer per collection);
+    # n > 0: a pool of its own, n actors (on a GPU run each takes a quarter of a GPU)
+    embed_actors: int = Field(0, ge=0)
     train_workers: int = Field(1, ge=1)
     use_gpu: bool = False
 

@@ -1,6 +1,7 @@
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -66,10 +67,25 @@ def ray_head():
     try:
         yield ray, f"http://127.0.0.1:{dash}", f"127.0.0.1:{port}", env
     finally:
-        for sig in ("-TERM", "-KILL"):
-            subprocess.run(["pkill", sig, "-f", temp], capture_output=True)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            subprocess.run(["pkill", f"-{sig.name[3:]}", "-f", temp], capture_output=True)
+            _kill_holding(temp, sig)
             time.sleep(2)
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def _kill_holding(temp: str, sig: int) -> None:
+    """Signal every process with a file open under ``temp``: Ray's agents retitle themselves
+    (ray::DashboardAgent), so `pkill -f` misses them and they outlived the head, using CPU
+    while the rest of the suite ran; their log files under the head's temp dir give them away."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if any(os.readlink(fd).startswith(temp) for fd in (proc / "fd").iterdir()):
+                os.kill(int(proc.name), sig)
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
 
 
 def _submit(ray_head, job: list[str], env_vars: dict | None = None) -> subprocess.CompletedProcess:

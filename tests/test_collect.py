@@ -250,3 +250,48 @@ def test_fault_barrier_is_a_no_op_unless_set_and_holds_until_released(tmp_path, 
     held.join(5)
     assert not held.is_alive()
     collect.fault_barrier("EmbedStage")  # released: passes without waiting
+
+
+def test_chain_builds_each_step_once_and_applies_them_in_order():
+    from leakray.stages.base import BatchStep, chain
+
+    built = []
+
+    class Tag:
+        def __init__(self, tag):
+            built.append(tag)
+            self.tag = tag
+
+        def __call__(self, batch):
+            return batch + [self.tag]
+
+    step = chain(BatchStep(Tag, {"tag": "a"}), BatchStep(lambda b: b + ["f"]), BatchStep(Tag, {"tag": "b"}))
+    assert step.stateful
+    fn = step.build()
+    assert fn([]) == ["a", "f", "b"] and fn([0]) == [0, "a", "f", "b"] and built == ["a", "b"]
+
+
+def test_the_encoder_runs_in_the_sampler_workers_or_in_a_pool_of_its_own():
+    from dataclasses import replace
+
+    from leakray.stages.base import Chain, StageResources
+    from leakray.stages.collect import EmbedStage, SampleStage, collect_steps, embed_device, score_stage
+
+    cfg = CollectConfig(sample_resources=StageResources(2, 1.0, 1.0), embed_resources=StageResources(3, 0.0, 0.0))
+    fused = collect_steps("model", cfg)
+    assert [s.fn for s in fused] == [Chain, ExecuteStage, score_stage]
+    assert [s.fn for s in fused[0].kwargs["steps"]] == [SampleStage, EmbedStage]
+    assert fused[0].resources == cfg.sample_resources  # the sampler's pool, the sampler's GPU
+    assert embed_device(cfg) == "cuda"
+    apart = replace(cfg, embed_with_sampler=False)
+    assert [s.fn for s in collect_steps("model", apart)] == [SampleStage, ExecuteStage, score_stage, EmbedStage]
+    assert collect_steps("model", apart)[-1].resources.actors == 3 and embed_device(apart) == "cpu"
+
+
+def test_embed_actors_zero_puts_the_encoder_in_the_sampler_actors():
+    from leakray.config import SimulateConfig
+    from leakray.protocols.simulate import collect_config
+
+    assert collect_config(SimulateConfig()).embed_with_sampler  # the default
+    own = collect_config(SimulateConfig.model_validate({"ray": {"embed_actors": 2}}))
+    assert not own.embed_with_sampler and own.embed_resources.actors == 2

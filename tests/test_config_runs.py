@@ -181,3 +181,16 @@ def test_stages_run_together_side_by_side_each_with_its_own_marker(tmp_path):
     assert runner.ran == ["s"] and info["t"]["rows_out"] == 1 and info["s"]["rows_out"] == 2
     assert time.perf_counter() - t0 < 5  # "t" was done: "s" did not wait on a barrier nobody else reaches
     assert Together((StageSpec("t", make("t")), StageSpec("s", make("s")))).name == "t+s"
+
+
+def test_a_stage_marker_gives_the_stage_wall_time_and_keeps_the_runs_own(tmp_path):
+    import time
+
+    from leakray.runs import StageRunner, StageSpec
+
+    def run(out):
+        time.sleep(0.3)  # e.g. a worker group starting, then a loop that times only itself
+        return {"seconds": 0.01}
+
+    info = StageRunner(tmp_path, _Quiet()).run([StageSpec("fit", run)])["fit"]
+    assert info["seconds"] >= 0.3 and info["run_seconds"] == 0.01

@@ -157,7 +157,8 @@ def test_job_submit_sweep_with_sampler_actor_killed(ray_head, tmp_path, leakray_
     on. The test fails only if rows are lost, duplicated or failed."""
     from leakray.stages.collect import FAULT_BARRIER_ENV
 
-    spec = sweep_file(tmp_path, "job", [{"name": "humaneval", "set": {"detect.seeds": [1]}}])
+    # the encoder in a pool of its own (by default it runs in the sampler's actors): three classes to kill
+    spec = sweep_file(tmp_path, "job", [{"name": "humaneval", "set": {"detect.seeds": [1], "ray.embed_actors": 1}}])
     out, barrier = tmp_path / "out", tmp_path / "barrier"
     barrier.mkdir()
     job_env = {"LEAKRAY_CACHE": str(leakray_cache), "LEAKRAY_CODE_VERSION": "faults", FAULT_BARRIER_ENV: str(barrier)}

@@ -53,7 +53,8 @@ def run_on_ray(table: pa.Table, steps: Sequence[BatchStep], batch_size: int, out
     # One block per batch, made here: a repartition would be an all-to-all operator whose tasks
     # need a CPU that the step actors may all hold.
     size = max(1, batch_size)
-    ds = ray.data.from_arrow([table.slice(i, size) for i in range(0, table.num_rows, size)] or [table])
+    blocks = [table.slice(i, size) for i in range(0, table.num_rows, size)] or [table]
+    ds = ray.data.from_arrow(blocks)
     for step in steps:
         res = step.resources
         opts = {"num_cpus": res.cpus}
@@ -64,7 +65,9 @@ def run_on_ray(table: pa.Table, steps: Sequence[BatchStep], batch_size: int, out
             # and, on a 2-CPU machine, kept the sampler at one actor of two with one core idle.
             # Safe because nothing else in the chain reserves a CPU (the other steps ask for 0,
             # and so do the writes): no operator can wait for a CPU the sampler actors hold.
-            opts.update(compute=ActorPoolStrategy(size=max(1, res.actors)), fn_constructor_kwargs=step.kwargs)
+            # No more actors than batches: an actor that gets no batch only pays its start-up.
+            opts.update(compute=ActorPoolStrategy(size=max(1, min(res.actors, len(blocks)))),
+                        fn_constructor_kwargs=step.kwargs)
         ds = ds.map_batches(step.fn, batch_size=batch_size, batch_format="pyarrow", **opts)
     return write_parts(ds, out_dir)
 

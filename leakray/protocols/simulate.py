@@ -67,7 +67,8 @@ def collect_config(cfg: SimulateConfig, base_path: str | None = None):
         embed_batch_size=cfg.embed.batch_size,
         sample_resources=StageResources(r.sample_actors, 1.0, 1.0 if gpu else 0.0),
         execute_resources=StageResources(r.execute_actors, 0.0),
-        embed_resources=StageResources(r.embed_actors, 0.0, 0.25 if gpu else 0.0),
+        embed_resources=StageResources(max(1, r.embed_actors), 0.0, 0.25 if gpu else 0.0),
+        embed_with_sampler=r.embed_actors == 0,
         batch_size=cfg.sample.batch_size,
     )
 

@@ -31,3 +31,22 @@ class BatchStep:
 
     def build(self) -> Callable[[Any], Any]:
         return self.fn(**self.kwargs) if self.stateful else self.fn
+
+
+class Chain:
+    """Several steps in one worker: each built once here, applied in order to every batch. For
+    class steps whose state is cheap to add to a worker that already holds the costly part (an
+    encoder beside a language model: the process has imported torch and transformers once)."""
+
+    def __init__(self, steps: list[BatchStep]):
+        self._built = [s.build() for s in steps]
+
+    def __call__(self, batch: Any) -> Any:
+        for fn in self._built:
+            batch = fn(batch)
+        return batch
+
+
+def chain(*steps: BatchStep) -> BatchStep:
+    """One step that runs ``steps`` in order in one worker, with the first step's resources."""
+    return BatchStep(Chain, {"steps": list(steps)}, steps[0].resources)

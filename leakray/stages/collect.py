@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from leakray.data.tasks import program_of
 from leakray.models.sampler import SampleConfig
 from leakray.schema import C, T, X, collection_schema
-from leakray.stages.base import BatchStep, StageResources
+from leakray.stages.base import BatchStep, StageResources, chain
 
 LOG = logging.getLogger(__name__)
 FAULT_BARRIER_ENV = "LEAKRAY_FAULT_BARRIER"  # tests only: see fault_barrier
@@ -96,6 +96,7 @@ class CollectConfig:
     sample_resources: StageResources = field(default_factory=lambda: StageResources(2, 1.0))
     execute_resources: StageResources = field(default_factory=lambda: StageResources(1, 0.0))
     embed_resources: StageResources = field(default_factory=lambda: StageResources(1, 0.0))
+    embed_with_sampler: bool = True  # the encoder in the sampler's workers, no pool of its own
     batch_size: int = 8  # tasks per batch through every stage
     extra: "ExtraColumns" = field(default_factory=lambda: ExtraColumns())
 
@@ -530,23 +531,33 @@ def adv_texts(batch: pa.Table) -> list[list[str] | None]:
 
 
 def embed_device(cfg: CollectConfig) -> str:
-    """The encoder runs where its actors were placed: on their GPU share when they have one."""
-    return "cuda" if cfg.embed_resources.gpus else "cpu"
+    """The encoder runs where its actors were placed: on their GPU share when they have one (the
+    sampler's, when it runs in the sampler's workers)."""
+    placed = cfg.sample_resources if cfg.embed_with_sampler else cfg.embed_resources
+    return "cuda" if placed.gpus else "cpu"
 
 
 def collect_steps(model_path: str, cfg: CollectConfig) -> list[BatchStep]:
-    """The collection as batch steps: sample -> execute -> score -> embed."""
-    return [
-        BatchStep(SampleStage, {"model_path": model_path, "sample": cfg.sample, "extra": cfg.extra},
-                  cfg.sample_resources),
+    """The collection as batch steps: sample -> execute -> score -> embed, or, with
+    ``embed_with_sampler``, (sample + embed) -> execute -> score."""
+    sample = BatchStep(SampleStage, {"model_path": model_path, "sample": cfg.sample, "extra": cfg.extra},
+                       cfg.sample_resources)
+    embed = BatchStep(EmbedStage, {"model": cfg.embed_model, "max_tokens": cfg.embed_max_tokens,
+                                   "stride": cfg.embed_stride, "batch_size": cfg.embed_batch_size,
+                                   "device": embed_device(cfg)}, cfg.embed_resources)
+    rest = [
         BatchStep(ExecuteStage, {"timeout_s": cfg.execute_timeout_s, "threads": cfg.execute_threads,
                                  "allow_weak_isolation": cfg.allow_weak_isolation}, cfg.execute_resources),
         # light (CodeBLEU on a batch's completions): no CPU of its own to reserve, one task at a time
         BatchStep(score_stage, resources=StageResources(actors=1, cpus=0.0)),
-        BatchStep(EmbedStage, {"model": cfg.embed_model, "max_tokens": cfg.embed_max_tokens,
-                               "stride": cfg.embed_stride, "batch_size": cfg.embed_batch_size,
-                               "device": embed_device(cfg)}, cfg.embed_resources),
     ]
+    if cfg.embed_with_sampler:
+        # The encoder reads only the completions and references, so it can run right after the
+        # sampler, in the sampler's own workers: an encoder pool of its own costs one more fresh
+        # process per collection, and its start-up (importing torch and transformers, ~9 s of
+        # CPU here) is most of a small collection's embedding time.
+        return [chain(sample, embed), *rest]
+    return [sample, *rest, embed]
 
 
 def input_table(tasks: list[dict], folds: dict[str, int], members: set[str]) -> pa.Table:
