@@ -81,6 +81,17 @@ def test_java_infinite_loop_and_memory(sb):
     assert run(sb, hog)[X.STATUS] == "memory"
 
 
+def test_a_program_killed_after_outliving_its_timeout_is_a_timeout(sb):
+    """On a loaded machine the JVM may take over a second to exit on the run script's TERM; then
+    `timeout -k 1` kills it and exits 137, not 124 (CI saw "failed" for an infinite loop). A
+    stand-in for such a JVM: a process that ignores TERM, under the run script's own `timeout`."""
+    from leakray.sandbox.runners import Plan
+
+    script = "exec timeout -k 1 1s /bin/sh -c 'trap \"\" TERM; while :; do :; done'"
+    res = sb._run_plan("j", Plan({}, ["/bin/sh", "-c", script], 256, 30.0))
+    assert res[X.STATUS] == "timeout", res
+
+
 # Issue 12: the program may not find the token in the JVM's memory, reach the harness's locals, or
 # write to the channel; writing candidate lines gets nowhere either (the host takes exactly one).
 # Java runs cold only (no warm path): each attack below is the cold path.

@@ -156,7 +156,7 @@ class Sandbox:
             status = "timeout"
         elif raw["rc"] == R.COMPILE_ERROR_RC and plan.argv[0] == "/bin/sh":
             status = "error"
-        elif raw["rc"] == R.RUN_TIMEOUT_RC and plan.argv[0] == "/bin/sh":
+        elif raw["rc"] in R.RUN_TIMEOUT_RCS and plan.argv[0] == "/bin/sh":
             status = "timeout"
         elif _MEMORY_HINTS.search(raw["stderr"][-65536:]):
             status = "memory"
