@@ -137,13 +137,12 @@ def test_audit_end_to_end_then_reuse_card(ray_head, tmp_path, leakray_cache):
     assert s["n_tasks"] == 32 and sum(s["verdicts"].values()) == 32
     lf = s["leaked_fraction"]
     assert lf["truth"] == 0.25
-    # 32 tasks: too few for the self-calibrated route's null check, which says so; the card route's
-    # number (if its checks hold) must cover the truth. docs/AUDIT.md has the validation matrix.
-    assert s["self_calibrated"]["n_tasks"] == 32 and not s["self_calibrated"]["usable"]
-    if lf["estimate"] is None:
-        assert "cannot estimate" in lf["statement"] and s["verdicts"]["suspected"] == 0
-    else:
-        assert lf["route"] == "card" and lf["ci"][0] <= lf["truth"] <= lf["ci"][1]
+    # against the prebuilt tiny-alt reference the self-calibrated route sees the planted 25% even on
+    # 32 tasks (measured: 27.7% [15.5%, 40.7%]; with a 30-step stand-in reference it could not tell).
+    # docs/AUDIT.md has the validation matrix.
+    assert s["self_calibrated"]["n_tasks"] == 32 and s["self_calibrated"]["usable"]
+    assert lf["route"] == "self-calibrated" and lf["ci"][0] <= lf["truth"] <= lf["ci"][1]
+    assert abs(lf["estimate"] - lf["truth"]) <= 0.10 and s["verdicts"]["suspected"] >= 1
     assert set(s["crossfit"]["detectors"]) == {"cgmia", "advprompt"}  # learned: scored only held-out tasks
     card = json.loads((run / "card" / "card.json").read_text())
     assert {"toy", "advprompt"} <= set(card["detectors"])  # a plug-in and AdvPrompt-MIA are in the card

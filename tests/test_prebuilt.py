@@ -1,4 +1,5 @@
-"""The shipped base model: used only where it is what training here would give, checked on copy."""
+"""The shipped local models (tiny, tiny-alt): used only where they are what training here would
+give, checked on copy."""
 
 from __future__ import annotations
 
@@ -58,9 +59,26 @@ def test_compare_names_each_file_that_differs(tmp_path):
                                               if name != "pretrain.json"}
 
 
-def test_the_package_ships_a_manifest_for_the_default_base():
-    doc = prebuilt.manifest()
+def test_the_folder_is_found_by_the_config_it_was_built_with(tmp_path):
+    one, two = TinyLMConfig(corpus_mb=0.2), TinyLMConfig(corpus_mb=0.2, n_layer=6, seed=1)
+    built, _ = _ship(tmp_path, one)
+    prebuilt.write(two, CORPUS, built, tmp_path / "root" / "tiny-alt")
+    prebuilt.write(one, CORPUS, built, tmp_path / "root" / "base")
+    assert prebuilt.shipped_for(one, tmp_path / "root") == tmp_path / "root" / "base"
+    assert prebuilt.shipped_for(two, tmp_path / "root") == tmp_path / "root" / "tiny-alt"
+    assert prebuilt.shipped_for(replace(two, max_steps=30), tmp_path / "root") is None  # a smoke-sized build is trained
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-alt"])
+def test_the_package_ships_both_default_local_models(model):
+    from leakray.config import SimulateConfig, load_config, to_stage
+
+    models = load_config([], [], SimulateConfig).model
+    cfg = to_stage(models.tiny if model == "tiny" else models.shadow_tiny)
+    where = prebuilt.FOLDERS[model]
+    assert prebuilt.shipped_for(cfg) == where  # what a default run asks for is what ships
+    doc = prebuilt.manifest(where)
     assert doc is not None and set(doc["files"]) == set(prebuilt.FILES)
-    assert doc["key"]["config"] == prebuilt.build_key(TinyLMConfig(), [])["config"]
     for name, digest in doc["files"].items():
-        assert prebuilt.sha256(prebuilt.SHIPPED / name) == digest
+        assert prebuilt.sha256(where / name) == digest
+    assert not json.loads((where / "pretrain.json").read_text())["stopped_by_time_cap"]

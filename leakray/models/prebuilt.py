@@ -1,15 +1,17 @@
-"""The demo's base model, shipped with the package so a fresh machine does not spend minutes
-pretraining it.
+"""The two local models, shipped with the package so a fresh machine does not spend minutes
+pretraining them: the demo's base (`tiny`, `leakray/prebuilt/base/`) and the other local
+architecture (`tiny-alt`, `leakray/prebuilt/tiny-alt/`: the audit's default reference model for a
+tiny target, and a mismatched shadow's base).
 
-`leakray/prebuilt/base/` holds the files `offline.pretrain(TinyLMConfig())` writes (model,
-tokenizer, pretrain.json) and `MANIFEST.json`: each file's sha256 and what the build depends
-on: the training config's hash, the corpus (this interpreter's standard library: a digest of
-the exact source texts read) and the torch version. `ensure_base_model` copies the shipped
-files into the cache only when all of these match here; otherwise it trains, as before.
+Each folder holds the files `offline.pretrain(cfg)` writes (model, tokenizer, pretrain.json) and
+`MANIFEST.json`: each file's sha256 and what the build depends on: the training config's hash,
+the corpus (this interpreter's standard library: a digest of the exact source texts read) and
+the torch version. `ensure_base_model` copies the folder whose config is the one asked for into
+the cache only when all of these match here; otherwise it trains, as before.
 
-`python scripts/build_base.py --check` rebuilds the base from scratch and compares every file
-with the manifest (bit for bit on the same corpus and torch: two builds a day apart on this
-project's machine gave the same bytes), and `--update` replaces the shipped copy.
+`python scripts/build_base.py --check [--model tiny-alt]` rebuilds a model from scratch and
+compares every file with the manifest (bit for bit on the same corpus and torch: two builds a
+day apart on this project's machine gave the same bytes), and `--update` replaces the shipped copy.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import shutil
 from dataclasses import asdict
 from pathlib import Path
 
-SHIPPED = Path(__file__).resolve().parent.parent / "prebuilt" / "base"
+ROOT = Path(__file__).resolve().parent.parent / "prebuilt"
+SHIPPED = ROOT / "base"  # model.tiny's defaults
+FOLDERS = {"tiny": SHIPPED, "tiny-alt": ROOT / "tiny-alt"}  # model.shadow_tiny's defaults
 MANIFEST = "MANIFEST.json"
 # what a build writes and the shipped copy holds (pretrain.json's timings are the build machine's)
 FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
@@ -53,11 +57,25 @@ def manifest(where: Path = SHIPPED) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def matches(cfg, corpus_texts: list[str], where: Path = SHIPPED) -> tuple[bool, str]:
-    """Whether the shipped base is what training ``cfg`` on ``corpus_texts`` here would give, and why not."""
-    shipped = manifest(where)
+def shipped_for(cfg, root: Path = ROOT) -> Path | None:
+    """The shipped folder built with ``cfg`` (its manifest's config hash), if any."""
+    from leakray.runs import content_hash
+
+    want = content_hash(asdict(cfg))
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else ():
+        doc = manifest(folder)
+        if doc is not None and doc["key"].get("config") == want:
+            return folder
+    return None
+
+
+def matches(cfg, corpus_texts: list[str], where: Path | None = None) -> tuple[bool, str]:
+    """Whether a shipped model (``where``, else the folder built with ``cfg``) is what training
+    ``cfg`` on ``corpus_texts`` here would give, and why not."""
+    where = where or shipped_for(cfg)
+    shipped = manifest(where) if where is not None else None
     if shipped is None:
-        return False, "no prebuilt base in this installation"
+        return False, "no prebuilt model of this config in this installation"
     here = build_key(cfg, corpus_texts)
     for key, value in here.items():
         if shipped["key"].get(key) != value:
@@ -66,10 +84,12 @@ def matches(cfg, corpus_texts: list[str], where: Path = SHIPPED) -> tuple[bool, 
     return (False, f"the prebuilt base lacks {missing}") if missing else (True, "")
 
 
-def install(cfg, corpus_texts: list[str], out_dir: Path, where: Path = SHIPPED) -> dict | None:
-    """Copy the shipped base into ``out_dir`` (checking every file's sha256) when it matches
-    ``cfg`` and the corpus here; its pretrain stats (with ``prebuilt``), or None (then the caller trains)."""
-    ok, _ = matches(cfg, corpus_texts, where)
+def install(cfg, corpus_texts: list[str], out_dir: Path, where: Path | None = None) -> dict | None:
+    """Copy the shipped model (``where``, else the folder built with ``cfg``) into ``out_dir``
+    (checking every file's sha256) when it matches ``cfg`` and the corpus here; its pretrain stats
+    (with ``prebuilt`` and the folder), or None (then the caller trains)."""
+    where = where or shipped_for(cfg)
+    ok, _ = matches(cfg, corpus_texts, where) if where is not None else (False, "")
     if not ok:
         return None
     files = manifest(where)["files"]
@@ -78,22 +98,28 @@ def install(cfg, corpus_texts: list[str], out_dir: Path, where: Path = SHIPPED) 
         shutil.copyfile(where / name, out_dir / name)
         if sha256(out_dir / name) != digest:
             shutil.rmtree(out_dir, ignore_errors=True)
-            raise RuntimeError(f"prebuilt base file {name} does not match its manifest: the installation is damaged")
+            raise RuntimeError(f"prebuilt model file {where / name} does not match its manifest: "
+                               "the installation is damaged")
     stats = json.loads((out_dir / "pretrain.json").read_text())
     return {**stats, "prebuilt": True}
 
 
 def write(cfg, corpus_texts: list[str], built: Path, where: Path = SHIPPED) -> dict:
-    """Make ``built`` (a fresh `pretrain` output for ``cfg`` on ``corpus_texts``) the shipped base."""
+    """Make ``built`` (a fresh `pretrain` output for ``cfg`` on ``corpus_texts``) the shipped copy in ``where``."""
     where.mkdir(parents=True, exist_ok=True)
     files = {}
     for name in FILES:
         shutil.copyfile(built / name, where / name)
         files[name] = sha256(where / name)
     doc = {"key": build_key(cfg, corpus_texts), "files": files,
-           "rebuild": "python scripts/build_base.py --check (compares a fresh build with these digests)"}
+           "rebuild": f"python scripts/build_base.py --check --model {_name(where)} "
+                      "(compares a fresh build with these digests)"}
     (where / MANIFEST).write_text(json.dumps(doc, indent=2) + "\n")
     return doc
+
+
+def _name(where: Path) -> str:
+    return next((name for name, folder in FOLDERS.items() if folder == where), str(where))
 
 
 def compare(built: Path, where: Path = SHIPPED) -> dict[str, bool]:
