@@ -79,15 +79,15 @@ def matches(cfg, corpus_texts: list[str], where: Path | None = None) -> tuple[bo
     here = build_key(cfg, corpus_texts)
     for key, value in here.items():
         if shipped["key"].get(key) != value:
-            return False, f"the prebuilt base was built with another {key} ({shipped['key'].get(key)} vs {value})"
+            return False, f"the prebuilt model was built with another {key} ({shipped['key'].get(key)} vs {value})"
     missing = [name for name in shipped["files"] if not (where / name).exists()]
-    return (False, f"the prebuilt base lacks {missing}") if missing else (True, "")
+    return (False, f"the prebuilt model lacks {missing}") if missing else (True, "")
 
 
 def install(cfg, corpus_texts: list[str], out_dir: Path, where: Path | None = None) -> dict | None:
     """Copy the shipped model (``where``, else the folder built with ``cfg``) into ``out_dir``
     (checking every file's sha256) when it matches ``cfg`` and the corpus here; its pretrain stats
-    (with ``prebuilt`` and the folder), or None (then the caller trains)."""
+    (with ``prebuilt``), or None (then the caller trains)."""
     where = where or shipped_for(cfg)
     ok, _ = matches(cfg, corpus_texts, where) if where is not None else (False, "")
     if not ok:
