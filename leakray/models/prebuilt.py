@@ -89,8 +89,7 @@ def install(cfg, corpus_texts: list[str], out_dir: Path, where: Path | None = No
     (checking every file's sha256) when it matches ``cfg`` and the corpus here; its pretrain stats
     (with ``prebuilt``), or None (then the caller trains)."""
     where = where or shipped_for(cfg)
-    ok, _ = matches(cfg, corpus_texts, where) if where is not None else (False, "")
-    if not ok:
+    if where is None or not matches(cfg, corpus_texts, where)[0]:
         return None
     files = manifest(where)["files"]
     out_dir.mkdir(parents=True, exist_ok=True)
