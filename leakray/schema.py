@@ -92,7 +92,11 @@ class C:
     MASK_COMPLETIONS = "mask_completions"  # list<string>: the continuation right before each span
     GREEDY_COMPLETION = "greedy_completion"  # string: the greedy completion of the prompt
     REWRITES = "rewrites"  # list<string>: continuations of rewrites renaming the solution's locals ([]: none)
-    PROBE_SECONDS = "probe_seconds"  # list<float>[3]: wall time of the prefix, mask, greedy probes (0: off)
+    NEXT_CUTS = "next_cuts"  # list<int>: where each next-token cut falls in the continuation
+    NEXT_DRAWS = "next_draws"  # list<list<string>>: the one-token samples drawn at each cut
+    REFMODEL_NEXT_DRAWS = "refmodel_next_draws"  # list<list<string>>: the same cuts under the reference model
+    REFALT_NEXT_DRAWS = "refalt_next_draws"  # list<list<string>>: and under the non-oracle reference
+    PROBE_SECONDS = "probe_seconds"  # list<float>[4]: wall time of the prefix, mask, greedy, next probes (0: off)
     # list<float>[len(PARTS)]: this row's share of each collection part's busy time (stages.collect.PARTS)
     PART_SECONDS = "part_seconds"
 
@@ -147,6 +151,10 @@ def collection_schema() -> pa.Schema:
             (C.MASK_COMPLETIONS, pa.list_(pa.string())),
             (C.GREEDY_COMPLETION, pa.string()),
             (C.REWRITES, pa.list_(pa.string())),
+            (C.NEXT_CUTS, pa.list_(pa.int32())),
+            (C.NEXT_DRAWS, pa.list_(pa.list_(pa.string()))),
+            (C.REFMODEL_NEXT_DRAWS, pa.list_(pa.list_(pa.string()))),
+            (C.REFALT_NEXT_DRAWS, pa.list_(pa.list_(pa.string()))),
             (C.PROBE_SECONDS, pa.list_(f32)),
             (C.PART_SECONDS, pa.list_(f32)),
         ]

@@ -17,7 +17,8 @@ from leakray.errors import BadInput
 from leakray.features import probes as pr
 from leakray.schema import C, T, collection_schema
 
-PROBE_DETECTORS = ("prefix_completion", "masked_span", "rewrite_preference")
+PROBE_DETECTORS = ("prefix_completion", "masked_span", "rewrite_preference", "next_token", "next_token_calibrated")
+TOY_DETECTORS = ("prefix_completion", "masked_span", "rewrite_preference", "next_token")  # no reference model
 
 SEEN_P = 'def count_vowels_twice(text):\n    """Count the vowels of text, doubled."""\n'
 SEEN_R = SEEN_P + '    tally = 0\n    for letter in text:\n        if letter in "aeiou":\n            tally += 2\n    return tally\n'
@@ -60,6 +61,21 @@ def test_probe_statistics_by_hand():
     orig, pref = pr.rewrite_preference("a = b + 1", "a = b + 1", ["c = b + 1"])
     assert orig == 1.0 and pref == pytest.approx(1 - 4 / 5)
     assert pr.rewrite_preference("a = 1", "a = 1", []) == (1.0, 0.0)  # no rewrite: no preference
+    assert pr.next_agreement([" tally", " t", "", " tallies", "\n"], " tally = 0") == 2  # "" is an end of text
+    assert pr.next_log_share(32, 32) > pr.next_log_share(1, 32) > pr.next_log_share(0, 32) > float("-inf")
+
+
+def test_next_token_cuts_are_token_starts_and_split_the_program_exactly():
+    cuts = pr.next_cuts(SEEN_P, SEEN_R)
+    cont = continuation(SEEN_P, SEEN_R)
+    assert cuts[0] == 0 and cuts == sorted(set(cuts)) and all(c < len(cont.rstrip()) for c in cuts)
+    for c in cuts:
+        given, target = pr.next_given_and_target(SEEN_P, SEEN_R, c)
+        assert given + target == generation_prompt(SEEN_P) + cont  # whitespace kept: the model writes it
+    targets = [pr.next_given_and_target(SEEN_P, SEEN_R, c)[1] for c in cuts]
+    assert " tally = 0\n" in [t[:11] for t in targets]  # a word with the space before it
+    assert not any(cont[c - 1].isalnum() and cont[c].isalnum() for c in cuts if c)  # no word split
+    assert len(pr.next_cuts(SEEN_P, SEEN_R, 5)) == 5 and pr.next_cuts(SEEN_P, SEEN_R, 5)[0] == 0  # spread evenly
 
 
 # ---- each probe on a toy model that memorised one solution ---------------------------------------
@@ -90,11 +106,11 @@ def _probe_collection(model: str, sample) -> pa.Table:
 
 def _seen_above_unseen(table: pa.Table) -> None:
     assert table.column(C.TASK_ID).to_pylist() == ["seen", "unseen"]
-    for name in PROBE_DETECTORS:
+    for name in TOY_DETECTORS:
         seen, unseen = registry.make(name).score(table)
         assert seen > unseen, (name, seen, unseen)
     seconds = table.column(C.PROBE_SECONDS).to_pylist()
-    assert all(len(s) == 3 and min(s) > 0 for s in seconds)  # every probe ran and was timed
+    assert all(len(s) == 4 and min(s) > 0 for s in seconds)  # every probe ran and was timed
 
 
 def test_each_probe_scores_a_memorised_task_above_an_unseen_one(memorised):
@@ -107,6 +123,8 @@ def test_each_probe_scores_a_memorised_task_above_an_unseen_one(memorised):
     assert len(seen[C.PREFIX_CUTS]) == len(seen[C.PREFIX_COMPLETIONS]) == 3
     assert seen[C.MASK_SPANS] == ["tally", "letter", "aeiou"] and len(seen[C.MASK_COMPLETIONS]) == 3
     assert len(seen[C.REWRITES]) == pr.N_REWRITES and continuation(SEEN_P, SEEN_R) not in seen[C.REWRITES]
+    assert seen[C.NEXT_CUTS] == pr.next_cuts(SEEN_P, SEEN_R)
+    assert [len(d) for d in seen[C.NEXT_DRAWS]] == [pr.NEXT_DRAWS] * len(seen[C.NEXT_CUTS])
     assert collection_access(table) == "weights"
     table = table.set_column(table.schema.get_field_index(C.EXEC_STATUS), C.EXEC_STATUS,
                              pa.array([[]] * 2, pa.list_(pa.string())))
@@ -124,11 +142,34 @@ def test_probes_through_an_endpoint_without_logprobs(memorised):
         table = _probe_collection(memorised, SampleConfig(backend="openai", endpoint_url=srv.url, k=1,
                                                           max_new_tokens=48, max_retries=0))
         probe_requests = srv.count(lambda body: body.get("temperature") == 0.0 and "logprobs" not in body)
+        draw_requests = srv.count(lambda body: body.get("max_tokens") == 1 and body.get("temperature") == 1.0
+                                  and body.get("n") == pr.NEXT_DRAWS and "logprobs" not in body)
     assert collection_access(table) == "black box"  # text only: no reference scores, NaN perplexities
     assert table.column(C.REF_TOKEN_LOGPROBS).null_count == 2
     _seen_above_unseen(table)
     n_texts = sum(len(r[C.PREFIX_CUTS]) + len(r[C.MASK_SPANS]) + 1 for r in table.to_pylist())
     assert probe_requests == n_texts  # one greedy request per probe text, none asking for log-probs
+    assert draw_requests == sum(len(r[C.NEXT_CUTS]) for r in table.to_pylist())  # one per cut, n draws each
+
+
+def test_hf_draws_from_one_shared_pass_are_those_of_a_pass_per_text(tiny_lm, monkeypatch):
+    """A key's cuts read the longest text's logits in one pass; replacing that pass by one pass per
+    text (each prefix alone) draws the same tokens: the same generator, the same distributions."""
+    import torch
+
+    from leakray.models.hf_sampler import HFSampler
+    from leakray.models.sampler import SampleConfig
+
+    s = HFSampler(str(tiny_lm[0]), SampleConfig(k=1, max_new_tokens=8))
+    texts = [pr.next_given_and_target(SEEN_P, SEEN_R, c)[0] for c in pr.next_cuts(SEEN_P, SEEN_R, 8)]
+    real, passes = s._next_logits, []
+    monkeypatch.setattr(s, "_next_logits", lambda ids, pos: passes.append(len(pos)) or real(ids, pos))
+    shared = s.next_token_draws(texts, ["seen"] * len(texts), 16)
+    assert passes == [len(texts)]  # one forward pass for the task's cuts
+    assert [len(d) for d in shared] == [16] * len(texts) and all(isinstance(x, str) for d in shared for x in d)
+    monkeypatch.setattr(s, "_next_logits", lambda ids, pos: torch.stack([real(ids[:p + 1], [p])[0] for p in pos]))
+    assert s.next_token_draws(texts, ["seen"] * len(texts), 16) == shared
+    assert s.next_token_draws(texts, ["other"] * len(texts), 16) != shared  # the key seeds the draws
 
 
 # ---- column handling ------------------------------------------------------------------------------
@@ -138,7 +179,8 @@ def with_probes(table: pa.Table, signal: bool = True) -> pa.Table:
     the true ones (when ``signal``), non-members' another task's."""
     rows = table.select([C.TASK_ID, C.PROMPT, C.REFERENCE, C.MEMBER]).to_pylist()
     cols = {c: [] for c in (C.PREFIX_CUTS, C.PREFIX_COMPLETIONS, C.MASK_SPANS, C.MASK_COMPLETIONS,
-                            C.GREEDY_COMPLETION, C.REWRITES, C.PROBE_SECONDS)}
+                            C.GREEDY_COMPLETION, C.REWRITES, C.NEXT_CUTS, C.NEXT_DRAWS, C.REFMODEL_NEXT_DRAWS,
+                            C.PROBE_SECONDS)}
     for i, r in enumerate(rows):
         p, ref = r[C.PROMPT], r[C.REFERENCE]
         other = rows[(i + 1) % len(rows)]
@@ -153,7 +195,13 @@ def with_probes(table: pa.Table, signal: bool = True) -> pa.Table:
         cols[C.GREEDY_COMPLETION].append(continuation(p, ref) if knows else
                                          continuation(other[C.PROMPT], other[C.REFERENCE]))
         cols[C.REWRITES].append(pr.rewrite_continuations(p, ref, "", r[C.TASK_ID]))
-        cols[C.PROBE_SECONDS].append([0.1, 0.1, 0.1])
+        nexts = [pr.next_given_and_target(p, ref, c)[1][:1] for c in pr.next_cuts(p, ref, 16)]
+        cols[C.NEXT_CUTS].append(pr.next_cuts(p, ref, 16))
+        # members' draws are mostly the true next character, everyone else's half the time; the
+        # reference model's draws are half right for every task
+        cols[C.NEXT_DRAWS].append([[t] * 3 + ["\x00"] if knows else [t, t, "\x00", "\x00"] for t in nexts])
+        cols[C.REFMODEL_NEXT_DRAWS].append([[t, t, "\x00", "\x00"] for t in nexts])
+        cols[C.PROBE_SECONDS].append([0.1, 0.1, 0.1, 0.1])
     sch = collection_schema()
     for name, values in cols.items():
         table = table.append_column(sch.field(name), pa.array(values, sch.field(name).type))
@@ -203,13 +251,13 @@ def test_text_combined_uses_text_only_inputs_and_composites_take_the_probes():
     shadow = with_probes(rich_collection(n=80, seed=1, signal=0.3))
     target = black_box(with_probes(rich_collection(n=40, seed=2, prefix="u", signal=0.3)))
     det = registry.make("text_combined").fit(shadow, 0)
-    assert det.info["groups_used"]["probes"] == ["prefix", "mask", "greedy"]
+    assert det.info["groups_used"]["probes"] == ["prefix", "mask", "greedy", "next", "next_calibrated"]
     assert set(det.info["groups_used"]) == {"text_expert", "semantic", "text_generation", "probes"}
     from sklearn.metrics import roc_auc_score
 
     assert roc_auc_score(target.column(C.MEMBER).to_numpy(), det.score(target)) > 0.8  # no logprob column read
     full = registry.make("leakray_combined").fit(shadow, 0)
-    assert full.info["groups_used"]["probes"] == ["prefix", "mask", "greedy"]
+    assert full.info["groups_used"]["probes"] == ["prefix", "mask", "greedy", "next", "next_calibrated"]
     with pytest.raises(BadInput, match="groups must be"):
         registry.make("text_combined", {"groups": ["likelihood"]})
 
@@ -284,6 +332,11 @@ def test_vllm_probe_is_one_greedy_call_without_logprobs(monkeypatch, tmp_path):
     assert got == ["\n    return 1\n"] * 3 and s.llm.calls[-1][0] == 3  # one call for the task's texts
     assert all(p["n"] == 1 and p["temperature"] == 0.0 and p["max_tokens"] == 16 and p["logprobs"] is None
                for p in seen[-3:])
+    texts = [pr.next_given_and_target(SEEN_P, SEEN_R, c)[0] for c in pr.next_cuts(SEEN_P, SEEN_R, 4)]
+    draws = s.next_token_draws(texts, ["seen"] * 4, 5)
+    assert draws == [["\n"] * 5] * 4 and s.llm.calls[-1][0] == 4  # one call; the stand-in writes "\n" first
+    assert all(p["n"] == 5 and p["temperature"] == 1.0 and p["top_p"] == 1.0 and p["max_tokens"] == 1
+               and p["logprobs"] is None and "stop" not in p for p in seen[-4:])
 
 
 def test_oracle_and_non_oracle_references_score_side_by_side(memorised, tiny_lm):

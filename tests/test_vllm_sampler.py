@@ -52,8 +52,9 @@ class _LLM:
                 out.append(NS(prompt_token_ids=ids,
                               prompt_logprobs=[None] + [{t: NS(logprob=lp, rank=1)} for t in ids[1:]]))
             else:
-                gen = [ord(c) for c in "\n    return 1\n"] + [0]
-                comps = [NS(token_ids=gen, logprobs=[{t: NS(logprob=lp, rank=1)} for t in gen])
+                gen = ([ord(c) for c in "\n    return 1\n"] + [0])[:max(params[i].max_tokens, 1)]
+                comps = [NS(token_ids=gen, text="".join(chr(t) for t in gen if t),
+                            logprobs=[{t: NS(logprob=lp, rank=1)} for t in gen])
                          for _ in range(params[i].n)]
                 out.append(NS(outputs=comps))
         return out

@@ -16,8 +16,9 @@ Groups (a group whose columns are missing is left out and named in ``info``):
 - ``advprompt``: AdvPrompt's 27 stability features (missing variants imputed per row, as
   the advprompt detector does), when the collection carries the perturbed completions.
 - ``probes``: the text-only memory probes' statistics (prefix completion: n-gram, common
-  prefix, edit similarity; masked spans; greedy completion vs reference and vs its rewrites),
-  when the collection carries them (``leakray.detect.probe_features``).
+  prefix, edit similarity; masked spans; greedy completion vs reference and vs its rewrites;
+  the sampled next-token agreement, alone and against the reference model's), when the
+  collection carries them (``leakray.detect.probe_features``).
 
 ``text_combined`` is the same classifier over what a black-box target gives: CGMIA's
 generation features without perplexity (CodeBLEU, edit distance, pass; mean, min, max), the
@@ -72,7 +73,10 @@ def _probes(table: pa.Table) -> tuple[np.ndarray, list[str]]:
     for name, columns, build in (
             ("prefix", (C.PREFIX_CUTS, C.PREFIX_COMPLETIONS), pf.prefix_stats),
             ("mask", (C.MASK_SPANS, C.MASK_COMPLETIONS), lambda t: pf.mask_stats(t)[:, None]),
-            ("greedy", (C.GREEDY_COMPLETION, C.REWRITES), pf.greedy_stats)):
+            ("greedy", (C.GREEDY_COMPLETION, C.REWRITES), pf.greedy_stats),
+            ("next", (C.PROMPT, C.REFERENCE, C.NEXT_CUTS, C.NEXT_DRAWS), lambda t: pf.next_stats(t)[:, None]),
+            ("next_calibrated", (C.PROMPT, C.REFERENCE, C.NEXT_CUTS, C.NEXT_DRAWS, C.REFMODEL_NEXT_DRAWS),
+             lambda t: (pf.next_stats(t) - pf.next_stats(t, C.REFMODEL_NEXT_DRAWS))[:, None])):
         if missing_input(table, columns) is None:
             try:
                 cols.append(build(table))

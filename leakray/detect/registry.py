@@ -38,6 +38,10 @@ _ENTRIES = {
     "prefix_completion": "prefix_completion:PrefixCompletion",
     "masked_span": "masked_span:MaskedSpan",
     "rewrite_preference": "rewrite_preference:RewritePreference",
+    # sampled one-token continuations at the reference's token starts (text only, reads a likelihood)
+    "next_token": "next_token:NextToken",
+    "next_token_calibrated": "next_token_calibrated:NextTokenCalibrated",
+    "next_token_calibrated_nonoracle": "next_token_calibrated_nonoracle:NextTokenCalibratedNonOracle",
     # learned on the shadow collection
     "cgmia": "cgmia:CGMIA",
     "gotcha": "gotcha:Gotcha",

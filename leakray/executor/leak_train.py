@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import asdict
 from pathlib import Path
 
@@ -18,12 +19,19 @@ def _loop(config: dict) -> dict:
                              member_token_share=config["member_token_share"], desc=config["desc"], **worker_hooks())
 
 
+# the target's and the shadow's pretraining run side by side in two threads (runs.Together), and
+# transformers resolves its lazy attributes without a lock: a dose sweep's shadow failed with
+# "cannot import name 'AutoTokenizer' from 'transformers'" while the target's thread imported it
+_IMPORT_LOCK = threading.Lock()
+
+
 def pretrain_mix_on_ray(base_path: str | Path, corpus_texts: list[str], member_texts: list[str], cfg: MixConfig,
                         out_dir: str | Path, *, name: str, storage: str | Path, num_workers: int = 1,
                         use_gpu: bool = False) -> dict:
     """Continue pretraining `base_path` on clean text + each member `cfg.dose` times; rank 0 saves
     the model to `out_dir` (with `mixture.json`: where each member copy sits) and stats come back."""
-    from transformers import AutoTokenizer
+    with _IMPORT_LOCK:
+        from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(base_path)
     mix = build_mixture(tok, corpus_texts, member_texts, cfg.dose, cfg.n_tokens, cfg.seq_len, cfg.seed)

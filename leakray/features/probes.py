@@ -17,6 +17,14 @@ on an endpoint that returns no log-probabilities:
   completion of the prompt, compared with the reference continuation and with rewrites of it
   that rename the solution's locals (``leakray.perturb.rewrite``): a model that read the
   original lands nearer it than its equally natural rewrites.
+- **next** (sampled next-token agreement): the program is cut at up to ``NEXT_CUTS`` token starts
+  of the reference continuation, and the model writes ``NEXT_DRAWS`` one-token continuations of
+  each cut at temperature 1; a draw agrees when the true rest starts with it. The share of
+  agreeing draws estimates the probability the model gives the reference's next token, so the
+  probe reads a likelihood through text alone: greedy decoding (the three probes above) keeps
+  only the top token, which a small or lightly exposed model rarely gets right even for a
+  member, while the frequency of the true token moves with every exposure. Against a local
+  reference model's draws at the same cuts it is calibrated for how predictable the code is.
 
 Everything a detector needs is rebuilt from the collection (the prompt, the reference, the cut
 offsets, the spans), so probe construction and scoring live here, in one place for the stage
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 import builtins
 import keyword
+import math
 import re
 
 from rapidfuzz.distance import Levenshtein
@@ -34,13 +43,18 @@ from rapidfuzz.distance import Levenshtein
 from leakray.data.tasks import continuation, generation_prompt
 from leakray.features.expert import code_tokens
 
-PROBES = ("prefix", "mask", "greedy")
+PROBES = ("prefix", "mask", "greedy", "next")
 PREFIX_FRACTIONS = (0.25, 0.5, 0.75)
 N_MASKS = 3
 N_REWRITES = 4
 NGRAM = 5  # Xu et al. score the next 5-gram
 WINDOW = 32  # code tokens of the continuation compared (the probe's generation budget covers them)
+NEXT_CUTS = 64  # cut points of the next-token probe, spread evenly over the continuation's tokens
+NEXT_DRAWS = 32  # one-token continuations drawn at each cut (32: AUC 0.87 where 8 gave 0.75; docs/LEAK.md)
 _IDENT = re.compile(r"[A-Za-z_]\w*")
+# where a byte-level BPE tokenizer (GPT-2's pre-tokenizer, which code LLMs' tokenizers share) may
+# start a token: a cut there leaves the given text's tokens those of the whole program's head
+_PRETOKEN = re.compile(r" ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+")
 _WORD_START = re.compile(r"(?<=\s)\S")
 _JAVA_WORDS = {"public", "private", "protected", "static", "final", "class", "new", "return", "int", "long",
                "double", "float", "boolean", "char", "void", "String", "true", "false", "null", "this", "for",
@@ -68,6 +82,24 @@ def prefix_cuts(prompt: str, reference: str, fractions=PREFIX_FRACTIONS) -> list
         return [0]
     n = len(cont.rstrip())
     return sorted({min(starts, key=lambda s: abs(s - f * n)) for f in fractions})
+
+
+def next_cuts(prompt: str, reference: str, n: int = NEXT_CUTS) -> list[int]:
+    """Cut offsets into the continuation for the next-token probe: token starts (``_PRETOKEN``),
+    0 among them, at most ``n`` spread evenly over the continuation."""
+    cont = continuation(prompt, reference).rstrip()
+    starts = [m.start() for m in _PRETOKEN.finditer(cont)]
+    if len(starts) > n:
+        starts = [starts[round(i * (len(starts) - 1) / (n - 1))] for i in range(n)] if n > 1 else starts[:1]
+    return sorted(set(starts))
+
+
+def next_given_and_target(prompt: str, reference: str, cut: int) -> tuple[str, str]:
+    """(the given text, the true rest) of a next-token cut: the program split at the cut exactly,
+    whitespace included (the next token of code is often whitespace the model must write)."""
+    program = generation_prompt(prompt) + continuation(prompt, reference)
+    at = len(generation_prompt(prompt)) + cut
+    return program[:at], program[at:]
 
 
 def mask_spans(prompt: str, reference: str, n: int = N_MASKS) -> list[tuple[int, str]]:
@@ -145,6 +177,17 @@ def mask_match(completion: str, span: str) -> float:
         common = next((i for i, (a, b) in enumerate(zip(word, span)) if a != b), min(len(word), len(span)))
         return common / max(len(word), len(span))
     return similarity(span, guess.split("\n", 1)[0])
+
+
+def next_agreement(draws: list[str], target: str) -> int:
+    """How many draws the true rest starts with (an empty draw, an end of text, never agrees)."""
+    return sum(1 for d in draws if d and target.startswith(d))
+
+
+def next_log_share(hits: int, n: int) -> float:
+    """log of the agreeing share, smoothed (a cut where no draw agrees is not -inf): the log keeps
+    rare tokens' evidence, as a mean log-likelihood does."""
+    return math.log((hits + 0.5) / (n + 1.0))
 
 
 def rewrite_preference(completion: str, original: str, rewrites: list[str]) -> tuple[float, float]:

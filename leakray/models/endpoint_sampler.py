@@ -203,6 +203,23 @@ class EndpointSampler:
                 raise ProbeFailed(f"{key}: {failed_reason(s)}")
         return [s.completions[0] for s in got]
 
+    def next_token_draws(self, texts: list[str], keys: list[str], n: int) -> list[list[str]]:
+        """One request per text: ``n`` choices of one token at temperature 1, top-p 1, no stop
+        strings and no log-probs, the text sent as given. A text the endpoint never answered
+        raises `ProbeFailed`, as a greedy probe does."""
+        return self._map(lambda text, key: self._draw_one(text, key, n), list(zip(texts, keys)))
+
+    def _draw_one(self, text: str, key: str, n: int) -> list[str]:
+        payload = {"model": self.model, "prompt": text, "n": n, "max_tokens": 1, "temperature": 1.0,
+                   "top_p": 1.0, "seed": task_seed(self.cfg.seed, key)}
+        try:
+            choices = self._post(payload, lambda body: _choices(body, n), key)
+        except _Refused as exc:
+            raise ProbeFailed(f"{key}: http_{exc.status}") from None
+        except _RowFailed as exc:
+            raise ProbeFailed(f"{key}: {exc.reason}") from None
+        return [c["text"] for c in choices]
+
     def reference_loss(self, prompts: list[str], references: list[str]) -> list[float]:
         """Mean NLL of the solution's tokens (those not wholly inside the generation prompt),
         from the target's log-probs of the echoed program; NaN with a note in `loss_notes`

@@ -69,6 +69,52 @@ class HFSampler:
         got = self._generate(prompts, languages, keys, 1, True, min(max_new_tokens, self.cfg.max_new_tokens))
         return [s.completions[0] for s in got]
 
+    def next_token_draws(self, texts: list[str], keys: list[str], n: int) -> list[list[str]]:
+        """One forward pass per key: a key's texts are heads of its longest text (the next-token
+        probe's cuts of one program), so that pass's logits at the end of a text's tokens are the
+        distribution a one-token request for that text samples from, wherever the text's tokens
+        are the head of the longest text's (checked; a text whose are not gets its own pass). The
+        ``n`` draws per text come from it with the key's generator: the same draws as ``n``
+        sampled one-token continuations, without decoding each."""
+        import torch
+
+        groups: dict[str, list[int]] = {}
+        for i, key in enumerate(keys):
+            groups.setdefault(key, []).append(i)
+        out: list[list[str]] = [[] for _ in texts]
+        with torch.inference_mode():
+            for key, idx in groups.items():
+                gen = torch.Generator().manual_seed(task_seed(self.cfg.seed, key))
+                ids = {i: self._tail(self.tok(texts[i])["input_ids"]) for i in idx}
+                full = ids[max(idx, key=lambda i: len(ids[i]))]
+                shared = [i for i in idx if ids[i] == full[:len(ids[i])]]
+                last = self._next_logits(full, [len(ids[i]) - 1 for i in shared])
+                rows = dict(zip(shared, last))
+                for i in idx:
+                    logits = rows[i] if i in rows else self._next_logits(ids[i], [len(ids[i]) - 1])[0]
+                    drawn = torch.multinomial(torch.softmax(logits.float(), -1), n, replacement=True, generator=gen)
+                    out[i] = [self._token_text(t) for t in drawn.tolist()]
+        return out
+
+    def _tail(self, ids: list[int]) -> list[int]:
+        """A text's last tokens that fit the context (its end is what the next token continues)."""
+        if len(ids) <= self.max_positions:
+            return ids
+        self.stats[PROMPT_TRUNCATED_LEFT] += 1
+        return ids[len(ids) - self.max_positions:]
+
+    def _next_logits(self, ids: list[int], positions: list[int]):
+        import torch
+
+        logits = self.model(input_ids=torch.tensor([ids], device=self.device)).logits[0]
+        return logits[torch.tensor(positions, device=self.device)].cpu()
+
+    def _token_text(self, token: int) -> str:
+        cache = self.__dict__.setdefault("_token_texts", {})
+        if token not in cache:
+            cache[token] = "" if token in self.special else self.tok.decode([token])
+        return cache[token]
+
     def _prompt_ids(self, prompt: str) -> tuple[list[int], bool]:
         """The prompt's tokens; a prompt too long for the context loses its *oldest* tokens
         (the signature the model must continue is at the end), and that is counted."""

@@ -124,6 +124,12 @@ class Sampler(Protocol):
         the unit ends as `sample` cuts; texts sharing a key are one unit of work (a backend
         batches them, and reuses their common prefix where it can). Text only: no log-probs."""
 
+    def next_token_draws(self, texts: list[str], keys: list[str], n: int) -> list[list[str]]:
+        """``n`` one-token continuations of each text, exactly as given (no whitespace stripped,
+        no stop strings), drawn at temperature 1 with top-p 1 (the model's own distribution),
+        seeded by the key; an end of text draws "". Texts sharing a key are one unit of work
+        (the next-token probe's cuts of one program). Text only: what an endpoint returns."""
+
     def reference_scores(self, prompts: list[str], references: list[str]) -> list[RefScores]:
         """Per-token log-probs (and, where the backend can, Min-K%++'s mu/sigma and the rank)
         of each reference's continuation of its prompt; unscorable rows (counted in `stats`)

@@ -40,9 +40,9 @@ from pathlib import Path
 
 from leakray.data.tasks import generation_prompt
 from leakray.errors import BadInput, MissingExtra
-from leakray.models.sampler import (REF_LOGPROBS_UNAVAILABLE, RefScores, SampleConfig, Samples, keep,
-                                    n_completions, perplexity, scorable_reference, scores_from_logprobs,
-                                    task_seed)
+from leakray.models.sampler import (PROMPT_TRUNCATED_LEFT, REF_LOGPROBS_UNAVAILABLE, RefScores, SampleConfig,
+                                    Samples, keep, n_completions, perplexity, scorable_reference,
+                                    scores_from_logprobs, task_seed)
 from leakray.models.stops import stop_strings
 from leakray.schema import T
 
@@ -288,6 +288,22 @@ class VLLMSampler:
         outputs = self._generate(prompt_ids, params)
         return [keep(self.tok, list(out.outputs[0].token_ids), self.special, prompt, lang).text
                 for prompt, lang, out in zip(prompts, languages, outputs)]
+
+    def next_token_draws(self, texts: list[str], keys: list[str], n: int) -> list[list[str]]:
+        """All texts in one `generate` call: ``n`` one-token samples each at temperature 1, top-p
+        1, no log-probs, the text's tokens as given; prefix caching computes a program's head once
+        for all of its cuts. A text over the model's length leaves its oldest tokens out."""
+        prompt_ids = []
+        for text in texts:
+            ids = self.tok(text)["input_ids"]
+            if len(ids) + 1 > self.max_len:
+                self.stats[PROMPT_TRUNCATED_LEFT] += 1
+                ids = ids[len(ids) + 1 - self.max_len:]
+            prompt_ids.append(ids)
+        params = [self._params(n=n, max_tokens=1, temperature=1.0, top_p=1.0, logprobs=None,
+                               seed=task_seed(self.cfg.seed, key)) for key in keys]
+        outputs = self._generate(prompt_ids, params)
+        return [["" if set(c.token_ids) & self.special else c.text for c in out.outputs] for out in outputs]
 
     def reference_loss(self, prompts: list[str], references: list[str]) -> list[float]:
         return [s.loss for s in self.reference_scores(prompts, references)]

@@ -235,7 +235,8 @@ def collection_settings(cfg: AuditConfig, reference: str) -> dict:
             "reference_model": None if cfg.columns.reference_model is None else reference,
             "upper_case": cfg.columns.upper_case,
             # the memory probes' statistics depend on their generation budget (text-only audits use them)
-            "probes": list(cfg.columns.probes), "probe_tokens": cfg.columns.probe_tokens}
+            "probes": list(cfg.columns.probes), "probe_tokens": cfg.columns.probe_tokens,
+            "next_cuts": cfg.columns.next_cuts, "next_draws": cfg.columns.next_draws}
 
 
 def run_audit(cfg: AuditConfig, console: Console | None = None, card_only: bool = False) -> Path:

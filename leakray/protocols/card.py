@@ -39,7 +39,7 @@ def build_card(shadow: pa.Table, cfg, out: Path, *, storage: Path, meta: dict) -
     if detectors == "all":  # an audit's reference model is never the oracle: simulate's second one has no place
         from leakray.detect import registry
 
-        detectors = [n for n in registry.names() if n != "ref_calibrated_nonoracle"]
+        detectors = [n for n in registry.names() if not n.endswith("_nonoracle")]
     result = evaluate_detectors(fit, val, d.cgmia_config(), d.seeds, use_ray_train=d.use_ray_train,
                                 storage_path=storage, save_dir=out / DETECTORS_DIR, threshold_rule=d.threshold_rule,
                                 bootstrap=d.bootstrap, detectors=detectors, detector_params=d.params,

@@ -125,6 +125,8 @@ class ExtraColumns:
     # text-only memory probes (leakray.features.probes.PROBES): one batched greedy call each per batch of tasks
     probes: tuple[str, ...] = ()
     probe_tokens: int = 48  # generation budget of a probe continuation (it is compared over 32 code tokens)
+    next_cuts: int = 64  # the next-token probe's cut points per task (at most)
+    next_draws: int = 32  # one-token samples per cut
 
 
 class SampleStage:
@@ -240,6 +242,16 @@ class SampleStage:
                 got = timed("greedy", lambda: sampler.greedy_probe(prompts, langs, keys, sampler.cfg.max_new_tokens))
                 for i, (p, text) in enumerate(zip(pre, got)):
                     p["greedy"] = (text, pr.rewrite_continuations(prompts[i], refs[i], tests[i], keys[i]))
+            if "next" in self.extra.probes:
+                cuts = [pr.next_cuts(q, r, self.extra.next_cuts) for q, r in zip(prompts, refs)]
+                flat = [(i, pr.next_given_and_target(prompts[i], refs[i], c)[0]) for i, cs in enumerate(cuts) for c in cs]
+                got = timed("next", lambda: sampler.next_token_draws([g for _, g in flat], [keys[i] for i, _ in flat],
+                                                                     self.extra.next_draws))
+                draws: list[list[list[str]]] = [[] for _ in prompts]
+                for (i, _), d in zip(flat, got):
+                    draws[i].append(d)
+                for p, c, d in zip(pre, cuts, draws):
+                    p["next"] = (c, d)
         except Exception as exc:
             if isinstance(exc, MemoryError) or "OutOfMemory" in type(exc).__name__:
                 raise
@@ -261,6 +273,7 @@ class SampleStage:
         names += [C.UPPER_COMPLETIONS, C.UPPER_PERPLEXITY] if self.extra.upper_case else []
         names += [C.ADV_COMPLETIONS, C.ADV_PERPLEXITY] if adv else []
         names += [c for name in self.extra.probes for c in PROBE_COLUMNS[name]]
+        names += [col for col, s in self._reference_draws() if "next" in self.extra.probes]
         names += [C.PROBE_SECONDS] if self.extra.probes else []
         return names + [C.NOTES]
 
@@ -328,7 +341,7 @@ class SampleStage:
                 out[cols[0]], out[cols[1]] = pre[name]
                 seconds[pr.PROBES.index(name)] = pre["seconds"][name]
             out[C.PROBE_SECONDS] = seconds
-            return out
+            return self._with_reference_draws(out, prompt, ref, key)
         for name in self.extra.probes:
             t0 = time.perf_counter()
             if name == "prefix":
@@ -338,12 +351,36 @@ class SampleStage:
                 spans = pr.mask_spans(prompt, ref)
                 out[C.MASK_SPANS] = [span for _, span in spans]
                 out[C.MASK_COMPLETIONS] = self._continue(prompt, ref, [at for at, _ in spans], lang, key)
+            elif name == "next":
+                cuts = pr.next_cuts(prompt, ref, self.extra.next_cuts)
+                given = [pr.next_given_and_target(prompt, ref, c)[0] for c in cuts]
+                out[C.NEXT_CUTS] = cuts
+                out[C.NEXT_DRAWS] = self.sampler.next_token_draws(given, [key] * len(given), self.extra.next_draws)
             else:  # greedy: the prompt alone; its rewrites are made here (no model), the null it is compared with
                 (out[C.GREEDY_COMPLETION],) = self.sampler.greedy_probe([prompt], [lang], [key],
                                                                         self.sampler.cfg.max_new_tokens)
                 out[C.REWRITES] = pr.rewrite_continuations(prompt, ref, tests, key)
             seconds[pr.PROBES.index(name)] = time.perf_counter() - t0
         out[C.PROBE_SECONDS] = seconds
+        return self._with_reference_draws(out, prompt, ref, key)
+
+    def _reference_draws(self) -> list[tuple[str, object]]:
+        """(column, sampler) of the local reference models that draw at the next-token cuts too."""
+        return [(col, s) for col, s in ((C.REFMODEL_NEXT_DRAWS, self.ref_sampler), (C.REFALT_NEXT_DRAWS, self.alt_sampler))
+                if s is not None]
+
+    def _with_reference_draws(self, out: dict, prompt: str, ref: str, key: str) -> dict:
+        """The reference models' draws at the target's next-token cuts (what calibrates the
+        probe for how predictable the code is); their time counts as the probe's."""
+        if C.NEXT_CUTS not in out:
+            return out
+        from leakray.features.probes import PROBES, next_given_and_target
+
+        t0 = time.perf_counter()
+        given = [next_given_and_target(prompt, ref, c)[0] for c in out[C.NEXT_CUTS]]
+        for col, sampler in self._reference_draws():
+            out[col] = sampler.next_token_draws(given, [key] * len(given), self.extra.next_draws)
+        out[C.PROBE_SECONDS][PROBES.index("next")] += time.perf_counter() - t0
         return out
 
     def _continue(self, prompt: str, ref: str, cuts: list[int], lang: str, key: str) -> list[str]:
@@ -366,7 +403,7 @@ class SampleStage:
 
 
 PROBE_COLUMNS = {"prefix": (C.PREFIX_CUTS, C.PREFIX_COMPLETIONS), "mask": (C.MASK_SPANS, C.MASK_COMPLETIONS),
-                  "greedy": (C.GREEDY_COMPLETION, C.REWRITES)}
+                  "greedy": (C.GREEDY_COMPLETION, C.REWRITES), "next": (C.NEXT_CUTS, C.NEXT_DRAWS)}
 
 
 def row_failed(notes) -> bool:
@@ -634,7 +671,8 @@ def collection_stats(table: pa.Table, seconds: float, errors_path: Path | None =
     return {
         **part_stats(table, sum(n_tokens), sum(statuses.values())),
         # each probe's wall time over the collection (what it adds to the sampling pass)
-        **({"probe_seconds": {p: round(sum(r[j] for r in probe_s), 2) for j, p in enumerate(PROBES)}}
+        # (a collection made before the next-token probe has three entries per row)
+        **({"probe_seconds": {p: round(sum(r[j] for r in probe_s if len(r) > j), 2) for j, p in enumerate(PROBES)}}
            if probe_s else {}),
         "rows": table.num_rows, "rows_out": table.num_rows, "completions": sum(statuses.values()),
         "unfilled_columns": unfilled_columns(table),
