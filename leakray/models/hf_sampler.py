@@ -54,6 +54,7 @@ class HFSampler:
             raise BadInput(f"max_new_tokens={cfg.max_new_tokens} leaves no room for a prompt in the "
                            f"model's {self.max_positions} positions", field="sample.max_new_tokens")
         self.special = set(self.tok.all_special_ids)
+        self._token_texts: dict[int, str] = {}  # token id -> its text alone (the next-token probe's draws)
 
     # the collection stage may hand this sampler a whole batch of tasks per call (see
     # stages.collect.SampleStage): per-prompt degradations are then in each Samples' notes
@@ -110,10 +111,9 @@ class HFSampler:
         return logits[torch.tensor(positions, device=self.device)].cpu()
 
     def _token_text(self, token: int) -> str:
-        cache = self.__dict__.setdefault("_token_texts", {})
-        if token not in cache:
-            cache[token] = "" if token in self.special else self.tok.decode([token])
-        return cache[token]
+        if token not in self._token_texts:
+            self._token_texts[token] = "" if token in self.special else self.tok.decode([token])
+        return self._token_texts[token]
 
     def _prompt_ids(self, prompt: str) -> tuple[list[int], bool]:
         """The prompt's tokens; a prompt too long for the context loses its *oldest* tokens
