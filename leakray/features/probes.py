@@ -51,7 +51,8 @@ NGRAM = 5  # Xu et al. score the next 5-gram
 WINDOW = 32  # code tokens of the continuation compared (the probe's generation budget covers them)
 NEXT_CUTS = 64  # cut points of the next-token probe, spread evenly over the continuation's tokens
 # one-token continuations drawn at each cut: simulated on the dose-16 target, calibrated AUC 0.75
-# at 16 draws, 0.82 at 32, 0.88 at 128 (docs/LEAK.md); 32 keeps an endpoint's requests small
+# at 16 draws, 0.82 at 32, 0.88 at 128 (benchmarks/sim_next_token_draws.py); 32 keeps an endpoint's
+# requests small
 NEXT_DRAWS = 32
 _IDENT = re.compile(r"[A-Za-z_]\w*")
 # where a byte-level BPE tokenizer (GPT-2's pre-tokenizer, which code LLMs' tokenizers share) may
