@@ -262,6 +262,49 @@ def test_text_combined_uses_text_only_inputs_and_composites_take_the_probes():
         registry.make("text_combined", {"groups": ["likelihood"]})
 
 
+
+def test_unit_combiner_weighs_inputs_by_their_shadow_auc_and_saves_as_json(tmp_path):
+    from sklearn.metrics import roc_auc_score
+
+    from leakray.detect.combined import UnitWeights
+
+    rng = np.random.default_rng(0)
+    y = np.repeat([0, 1], 100)
+    x = np.stack([y + rng.normal(0, 1, 200),        # strong
+                  -1.0 * y + rng.normal(0, 1, 200),  # reversed: a negative weight
+                  rng.normal(0, 1, 200)], axis=1)    # noise: left out (within the margin of chance)
+    u = UnitWeights(margin=0.1).fit(x, y)
+    aucs = [roc_auc_score(y, x[:, j]) for j in range(3)]
+    assert u.w[0] == pytest.approx(aucs[0] - 0.5) and u.w[1] == pytest.approx(aucs[1] - 0.5) and u.w[1] < 0
+    assert (abs(aucs[2] - 0.5) < 0.1) == (u.w[2] == 0)
+    p = u.predict_proba(x)[:, 1]
+    assert np.all((p > 0) & (p < 1)) and roc_auc_score(y, p) > aucs[0]  # the reversed input adds to the strong one
+    only = UnitWeights(margin=0.49).fit(x, y)  # nothing clears the margin: the best input alone is kept
+    assert np.count_nonzero(only.w) == 1 and np.array_equal(np.argsort(only.predict_proba(x)[:, 1]),
+                                                              np.argsort(x[:, 0]))
+
+    shadow = with_probes(rich_collection(n=80, seed=1, signal=0.3))
+    target = black_box(with_probes(rich_collection(n=40, seed=2, prefix="u", signal=0.3)))
+    det = registry.make("text_combined", {"combiner": "unit"}).fit(shadow, 0)
+    assert det.info["combiner"] == "unit" and len(det.info["unit_weights"]) == det.info["n_features"]
+    assert roc_auc_score(target.column(C.MEMBER).to_numpy(), det.score(target)) > 0.8
+    det.save(tmp_path / "d")
+    assert (tmp_path / "d" / "unit_weights.json").exists() and not list((tmp_path / "d").glob("*.skops"))
+    np.testing.assert_array_equal(registry.load(tmp_path / "d").score(target), det.score(target))
+    # auto (the default): both combiners cross-fitted on the shadow, the higher out-of-fold AUC kept
+    auto = registry.make("text_combined").fit(shadow, 0)
+    oof = auto.info["oof_auc"]
+    assert set(oof) == {"logistic", "unit"} and auto.info["combiner"] == max(oof, key=oof.get)
+    y_oof, s_oof, _ = auto.heldout(shadow)
+    assert roc_auc_score(y_oof, s_oof) == pytest.approx(oof[auto.info["combiner"]])
+    # a second reference model's draws (simulate's non-oracle reference) add their own calibration
+    alt = shadow.append_column(collection_schema().field(C.REFALT_NEXT_DRAWS), shadow.column(C.REFMODEL_NEXT_DRAWS))
+    both = registry.make("text_combined").fit(alt, 0)
+    assert both.info["groups_used"]["probes"] == ["prefix", "mask", "greedy", "next", "next_calibrated",
+                                                  "next_calibrated_alt"]
+    with pytest.raises(BadInput, match="combiner must be"):
+        registry.make("text_combined", {"combiner": "forest"})
+
 # ---- the audit of an endpoint without log-probabilities -------------------------------------------
 
 def black_box(table: pa.Table) -> pa.Table:

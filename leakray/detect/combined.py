@@ -24,8 +24,21 @@ Groups (a group whose columns are missing is left out and named in ``info``):
 generation features without perplexity (CodeBLEU, edit distance, pass; mean, min, max), the
 semantic summaries (an encoder the auditor runs), the black-box generation scores and the probes.
 
-Classifier: standardised logistic regression (few parameters for a small shadow). The
-threshold comes from out-of-fold shadow probabilities (k-fold cross-fit by task, as CGMIA).
+Combiner (``combiner``):
+- ``logistic``: standardised logistic regression (few parameters for a small shadow);
+- ``unit``: an improper linear model (Dawes 1979): each input standardised on the shadow,
+  oriented by its shadow AUC, and averaged with weight |AUC - 0.5|; inputs within ``margin`` of
+  chance on the shadow are left out (the best one is always kept). Nothing but a direction and a
+  strength per input is estimated, so it does not chase noise when the shadow is small and most
+  inputs are near chance, the case of faint leaks (docs/LEAK.md: at dose 16 the logistic text
+  composite read 0.714 against its best input's 0.797).
+- ``auto`` (the default): both are cross-fitted on the shadow (the same k folds by task) and
+  the one with the higher out-of-fold AUC is kept (a tie keeps ``logistic``). Measured on the
+  dose-16 sweep (docs/LEAK.md): the shadow chose ``unit`` for ``text_combined`` (out-of-fold 0.59
+  against 0.55) and ``logistic`` for ``leakray_combined`` (0.91 against 0.79), and the target
+  agreed both times.
+The threshold comes from the chosen combiner's out-of-fold shadow scores (k-fold cross-fit by
+task, as CGMIA).
 """
 
 from __future__ import annotations
@@ -49,6 +62,42 @@ LIKELIHOOD = ("ref_loss", "min_k", "min_k_pp", "zlib", "ref_calibrated", "ref_ca
 GENERATION = ("detectleak", "gt_match", "cdd", "buzzer_b")
 TEXT_GENERATION = ("gt_match", "cdd")
 _USED_FILE = "used_inputs.json"  # the inputs each group fed in fitting
+_UNIT_FILE = "unit_weights.json"  # the unit combiner's centre, scale and weight per input
+COMBINERS = ("logistic", "unit")  # and "auto": the one with the higher out-of-fold shadow AUC
+
+
+class UnitWeights:
+    """The ``unit`` combiner (module docstring), with the two methods ``Combined`` calls."""
+
+    def __init__(self, margin: float = 0.05):
+        self.margin = float(margin)
+        self.mu = self.sd = self.w = None
+
+    def fit(self, x: np.ndarray, y: np.ndarray) -> "UnitWeights":
+        from sklearn.metrics import roc_auc_score
+
+        self.mu, self.sd = x.mean(0), x.std(0)
+        auc = np.array([roc_auc_score(y, x[:, j]) if self.sd[j] > 0 else 0.5 for j in range(x.shape[1])])
+        w = auc - 0.5
+        keep = np.abs(w) >= self.margin
+        keep[np.argmax(np.abs(w))] = True  # never an empty combination
+        self.w = np.where(keep, w, 0.0)
+        self.sd = np.where(self.sd > 0, self.sd, 1.0)
+        return self
+
+    def predict_proba(self, x: np.ndarray) -> np.ndarray:
+        z = ((x - self.mu) / self.sd) @ self.w / max(np.abs(self.w).sum(), 1e-12)
+        p = 1.0 / (1.0 + np.exp(-np.clip(z, -30, 30)))  # monotone: ranks and cuts are the average's
+        return np.stack([1 - p, p], axis=1)
+
+    def state(self) -> dict:
+        return {"margin": self.margin, "mu": self.mu.tolist(), "sd": self.sd.tolist(), "w": self.w.tolist()}
+
+    @classmethod
+    def from_state(cls, d: dict) -> "UnitWeights":
+        u = cls(d["margin"])
+        u.mu, u.sd, u.w = (np.asarray(d[k], dtype=np.float64) for k in ("mu", "sd", "w"))
+        return u
 
 
 def _expert_summary(table: pa.Table) -> np.ndarray:
@@ -76,7 +125,11 @@ def _probes(table: pa.Table) -> tuple[np.ndarray, list[str]]:
             ("greedy", (C.GREEDY_COMPLETION, C.REWRITES), pf.greedy_stats),
             ("next", (C.PROMPT, C.REFERENCE, C.NEXT_CUTS, C.NEXT_DRAWS), lambda t: pf.next_stats(t)[:, None]),
             ("next_calibrated", (C.PROMPT, C.REFERENCE, C.NEXT_CUTS, C.NEXT_DRAWS, C.REFMODEL_NEXT_DRAWS),
-             lambda t: (pf.next_stats(t) - pf.next_stats(t, C.REFMODEL_NEXT_DRAWS))[:, None])):
+             lambda t: (pf.next_stats(t) - pf.next_stats(t, C.REFMODEL_NEXT_DRAWS))[:, None]),
+            # a second reference model's draws, where the collection has them (simulate's non-oracle
+            # reference): another estimate of the same difference, with the reference's noise drawn afresh
+            ("next_calibrated_alt", (C.PROMPT, C.REFERENCE, C.NEXT_CUTS, C.NEXT_DRAWS, C.REFALT_NEXT_DRAWS),
+             lambda t: (pf.next_stats(t) - pf.next_stats(t, C.REFALT_NEXT_DRAWS))[:, None])):
         if missing_input(table, columns) is None:
             try:
                 cols.append(build(table))
@@ -139,16 +192,19 @@ _BUILDERS = {
 class Combined(KeepsHeldout):
     spec = DetectorSpec("leakray_combined", "leakray", (C.EXPERT,), "logprobs", "composite", True,
                         "logistic regression over expert + semantic summaries + likelihood + generation scores")
-    defaults = {"groups": list(GROUPS), "C": 1.0, "folds": 4}
+    defaults = {"groups": list(GROUPS), "C": 1.0, "folds": 4, "combiner": "auto", "margin": 0.05}
     known_groups = GROUPS
 
     def __init__(self, **params: Any):
         super().__init__(**params)
+        name = self.spec.name
         bad = set(self.params["groups"]) - set(self.known_groups)
         if bad or not self.params["groups"]:
-            name = self.spec.name
             raise BadInput(f"{name}: groups must be a non-empty subset of {self.known_groups}, got "
                            f"{self.params['groups']}", field=f"detect.params.{name}.groups")
+        if self.params["combiner"] not in (*COMBINERS, "auto"):
+            raise BadInput(f"{name}: combiner must be one of {(*COMBINERS, 'auto')}, got {self.params['combiner']!r}",
+                           field=f"detect.params.{name}.combiner")
         self.model = None
         self.used: dict[str, list[str]] = {}
 
@@ -174,7 +230,9 @@ class Combined(KeepsHeldout):
             raise BadInput(f"{self.spec.name}: no input group is available")
         return np.concatenate(blocks, axis=1), found
 
-    def _model(self):
+    def _model(self, combiner: str):
+        if combiner == "unit":
+            return UnitWeights(self.params["margin"])
         from sklearn.linear_model import LogisticRegression
         from sklearn.pipeline import make_pipeline
         from sklearn.preprocessing import StandardScaler
@@ -182,21 +240,34 @@ class Combined(KeepsHeldout):
         return make_pipeline(StandardScaler(), LogisticRegression(C=float(self.params["C"]), max_iter=2000))
 
     def fit(self, shadow: pa.Table, seed: int = 0) -> "Combined":
-        from sklearn.model_selection import StratifiedGroupKFold, cross_val_predict
+        from sklearn.metrics import roc_auc_score
+        from sklearn.model_selection import StratifiedGroupKFold
 
         self.seed = int(seed)
         y = labels(shadow)
         x, self.used = self.features(shadow)
-        self.model = self._model().fit(x, y)
         folds = min(int(self.params["folds"]), int((y == 0).sum()), int((y == 1).sum()))
         split_seed = int(np.random.SeedSequence([self.seed, 29]).generate_state(1)[0])
         cv = StratifiedGroupKFold(n_splits=folds, shuffle=True, random_state=split_seed)
-        oof = cross_val_predict(self._model(), x, y, cv=cv, groups=task_keys(shadow).astype(str),
-                                method="predict_proba")[:, 1]
-        self._heldout = (y, oof, f"shadow, out-of-fold ({folds}-fold cross-fit by task)")
+        splits = list(cv.split(x, y, groups=task_keys(shadow).astype(str)))
+        choice = self.params["combiner"]
+        candidates = COMBINERS if choice == "auto" else (choice,)
+        oof = {}
+        for name in candidates:
+            oof[name] = np.zeros(len(y))
+            for tr, te in splits:
+                oof[name][te] = self._model(name).fit(x[tr], y[tr]).predict_proba(x[te])[:, 1]
+        oof_auc = {name: float(roc_auc_score(y, v)) for name, v in oof.items()}
+        # auto: the combiner whose out-of-fold AUC on the shadow is higher (a tie keeps logistic, the first)
+        chosen = max(candidates, key=lambda n: oof_auc[n])
+        self.model = self._model(chosen).fit(x, y)
+        self._heldout = (y, oof[chosen], f"shadow, out-of-fold ({folds}-fold cross-fit by task)")
         self.info = {"groups_used": self.used,
                      "groups_missing": [g for g in self.params["groups"] if g not in self.used],
-                     "n_features": int(x.shape[1])}
+                     "n_features": int(x.shape[1]), "combiner": chosen,
+                     "oof_auc": {n: round(v, 4) for n, v in oof_auc.items()}}
+        if isinstance(self.model, UnitWeights):
+            self.info["unit_weights"] = [round(float(v), 4) for v in self.model.w]
         return self
 
     def score(self, table: pa.Table) -> np.ndarray:
@@ -206,11 +277,16 @@ class Combined(KeepsHeldout):
         return self.model.predict_proba(x)[:, 1].astype(np.float64)
 
     def _save_state(self, directory: Path) -> None:
-        save_sklearn(self.model, directory / MODEL_FILE)
+        if isinstance(self.model, UnitWeights):
+            (directory / _UNIT_FILE).write_text(json.dumps(self.model.state()))
+        else:
+            save_sklearn(self.model, directory / MODEL_FILE)
         (directory / _USED_FILE).write_text(json.dumps(self.used, indent=1))
 
     def _load_state(self, directory: Path) -> None:
-        self.model = load_sklearn(directory / MODEL_FILE)
+        unit = directory / _UNIT_FILE
+        self.model = (UnitWeights.from_state(json.loads(unit.read_text())) if unit.exists()
+                      else load_sklearn(directory / MODEL_FILE))
         self.used = json.loads((directory / _USED_FILE).read_text())
 
 
@@ -218,5 +294,5 @@ class TextCombined(Combined):
     spec = DetectorSpec("text_combined", "leakray", (C.COMPLETIONS,), "black box", "composite", True,
                         "logistic regression over what text gives: CodeBLEU/edit/pass summaries, semantic "
                         "summaries, gt_match and cdd, and the memory probes' statistics")
-    defaults = {"groups": list(TEXT_GROUPS), "C": 1.0, "folds": 4}
+    defaults = {"groups": list(TEXT_GROUPS), "C": 1.0, "folds": 4, "combiner": "auto", "margin": 0.05}
     known_groups = TEXT_GROUPS
