@@ -180,7 +180,7 @@ class ColumnsConfig(Section):
         default_factory=lambda: ["prefix", "mask", "greedy", "next"])
     probe_tokens: int = Field(48, ge=1)  # generation budget of a prefix or mask probe
     next_cuts: int = Field(64, ge=1)  # the next-token probe's cut points per task (at most)
-    next_draws: int = Field(32, ge=1)  # one-token samples at each cut
+    next_draws: int = Field(128, ge=1)  # one-token samples at each cut
 
     @field_validator("reference_model")
     @classmethod

@@ -16,7 +16,7 @@ from leakray.schema import C
 class NextToken(ScoreOnly):
     spec = DetectorSpec("next_token", "leakray (n-gram accuracy, Xu et al. 2024, read through sampled draws)",
                         (C.PROMPT, C.REFERENCE, C.NEXT_CUTS, C.NEXT_DRAWS), "black box", "generation", False,
-                        "mean over up to 64 token starts of the reference of the log share of 32 one-token samples "
+                        "mean over up to 64 token starts of the reference of the log share of 128 one-token samples "
                         "(temperature 1) that are the reference's next token")
 
     def score(self, table: pa.Table) -> np.ndarray:

@@ -51,9 +51,11 @@ NGRAM = 5  # Xu et al. score the next 5-gram
 WINDOW = 32  # code tokens of the continuation compared (the probe's generation budget covers them)
 NEXT_CUTS = 64  # cut points of the next-token probe, spread evenly over the continuation's tokens
 # one-token continuations drawn at each cut: simulated on the dose-16 target, calibrated AUC 0.75
-# at 16 draws, 0.82 at 32, 0.88 at 128 (benchmarks/sim_next_token_draws.py); 32 keeps an endpoint's
-# requests small
-NEXT_DRAWS = 32
+# at 16 draws, 0.82 at 32, 0.88 at 128 (benchmarks/sim_next_token_draws.py); measured on the
+# dose-16 sweep, 0.780 at 32 and 0.886 at 128 (docs/LEAK.md). The draws come from one forward pass
+# per cut (local and vLLM samplers) or one request of n draws and one token (an endpoint; OpenAI's
+# API caps n at 128), so 128 costs what 32 did but the sampled tokens.
+NEXT_DRAWS = 128
 _IDENT = re.compile(r"[A-Za-z_]\w*")
 # where a byte-level BPE tokenizer (GPT-2's pre-tokenizer, which code LLMs' tokenizers share) may
 # start a token: a cut there leaves the given text's tokens those of the whole program's head

@@ -126,7 +126,7 @@ class ExtraColumns:
     probes: tuple[str, ...] = ()
     probe_tokens: int = 48  # generation budget of a probe continuation (it is compared over 32 code tokens)
     next_cuts: int = 64  # the next-token probe's cut points per task (at most)
-    next_draws: int = 32  # one-token samples per cut
+    next_draws: int = 128  # one-token samples per cut
 
 
 class SampleStage:
