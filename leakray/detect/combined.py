@@ -118,18 +118,26 @@ def _probes(table: pa.Table) -> tuple[np.ndarray, list[str]]:
     """Every probe the collection carries, each left out (like a missing group) when absent."""
     from leakray.detect import probe_features as pf
 
+    stats: dict[str, np.ndarray] = {}
+
+    def next_of(column: str = C.NEXT_DRAWS) -> np.ndarray:
+        """A model's next-token statistic, computed once: the target's is read by three probes."""
+        if column not in stats:
+            stats[column] = pf.next_stats(table, column)
+        return stats[column]
+
     cols, used = [], []
     for name, columns, build in (
             ("prefix", (C.PREFIX_CUTS, C.PREFIX_COMPLETIONS), pf.prefix_stats),
             ("mask", (C.MASK_SPANS, C.MASK_COMPLETIONS), lambda t: pf.mask_stats(t)[:, None]),
             ("greedy", (C.GREEDY_COMPLETION, C.REWRITES), pf.greedy_stats),
-            ("next", (C.PROMPT, C.REFERENCE, C.NEXT_CUTS, C.NEXT_DRAWS), lambda t: pf.next_stats(t)[:, None]),
+            ("next", (C.PROMPT, C.REFERENCE, C.NEXT_CUTS, C.NEXT_DRAWS), lambda t: next_of()[:, None]),
             ("next_calibrated", (C.PROMPT, C.REFERENCE, C.NEXT_CUTS, C.NEXT_DRAWS, C.REFMODEL_NEXT_DRAWS),
-             lambda t: (pf.next_stats(t) - pf.next_stats(t, C.REFMODEL_NEXT_DRAWS))[:, None]),
+             lambda t: (next_of() - next_of(C.REFMODEL_NEXT_DRAWS))[:, None]),
             # a second reference model's draws, where the collection has them (simulate's non-oracle
             # reference): another estimate of the same difference, with the reference's noise drawn afresh
             ("next_calibrated_alt", (C.PROMPT, C.REFERENCE, C.NEXT_CUTS, C.NEXT_DRAWS, C.REFALT_NEXT_DRAWS),
-             lambda t: (pf.next_stats(t) - pf.next_stats(t, C.REFALT_NEXT_DRAWS))[:, None])):
+             lambda t: (next_of() - next_of(C.REFALT_NEXT_DRAWS))[:, None])):
         if missing_input(table, columns) is None:
             try:
                 cols.append(build(table))
