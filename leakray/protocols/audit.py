@@ -23,7 +23,7 @@ from leakray.detect.card import DetectorCard
 from leakray.errors import BadInput
 from leakray.protocols.simulate import (base_model, collect_config, load_tasks, model_path, preflight_isolation,
                                         training_text)
-from leakray.runs import StageRunner, StageSpec, content_hash, write_json_atomic
+from leakray.runs import StageRunner, StageSpec, Together, content_hash, write_json_atomic
 from leakray.storage import is_uri, local_copy
 from leakray.schema import C, R, T
 
@@ -49,7 +49,7 @@ def with_members(table: pa.Table, members: set[str] | None) -> pa.Table:
 
 
 def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isolation: str,
-                 card_dir: Path | None, card_only: bool = False) -> list[StageSpec]:
+                 card_dir: Path | None, card_only: bool = False) -> list[StageSpec | Together]:
     from leakray.protocols import collection
     from leakray.stages import collect as col
 
@@ -79,7 +79,8 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
             if not texts:  # a planted fraction of 0: the target is the base itself
                 return {"rows_in": 0, "rows_out": 0, "model": base}
             common = {"name": f"audit-{role}-{runner.run_dir.name}", "storage": runner.run_dir / "ray_train",
-                      "num_workers": cfg.ray.train_workers, "use_gpu": cfg.ray.use_gpu}
+                      "num_workers": cfg.ray.train_workers, "use_gpu": cfg.ray.use_gpu,
+                      "ray_train": cfg.ray.use_ray_train}
             if cfg.leak.mode == "pretrain-mix":  # each member read `leak.dose` times among clean code
                 from leakray.executor.leak_train import pretrain_mix_on_ray
                 from leakray.leak.corpus import clean_corpus
@@ -155,10 +156,16 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
         StageSpec("base", base_stage, lambda i: f"{i['path']}"),
         *([collection.perturb_spec(cfg, tasks)] if collection.wants_advprompt(cfg) else []),
     ]
+    shadow = StageSpec("shadow", finetune("shadow", "shadow_members"),
+                       lambda i: f"{leak_kind(cfg)} on {i['rows_in']} tasks, final loss {i.get('final_loss')}")
+    target = StageSpec("target", finetune("target", "planted_members"),
+                       lambda i: f"planted leak: {leak_kind(cfg)} on {i['rows_in']} tasks")
+    # a planted target reads only the base and its own members: it trains beside the shadow (one
+    # thread each, each waiting on its own Ray Train run), as simulate's two fine-tunes do
+    together = card_dir is None and planted and not card_only
     if card_dir is None:
         stages += [
-            StageSpec("shadow", finetune("shadow", "shadow_members"),
-                      lambda i: f"{leak_kind(cfg)} on {i['rows_in']} tasks, final loss {i.get('final_loss')}"),
+            Together((shadow, target)) if together else shadow,
             StageSpec("collect_shadow", collect(lambda: runner.info["shadow"]["model"],
                                                 lambda: set(split()["shadow_members"]),
                                                 reference_for(cfg, cfg.model.base)),
@@ -167,9 +174,8 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
         ]
     if card_only:
         return stages
-    if planted:
-        stages.append(StageSpec("target", finetune("target", "planted_members"),
-                                lambda i: f"planted leak: {leak_kind(cfg)} on {i['rows_in']} tasks"))
+    if planted and not together:
+        stages.append(target)
     stages.append(StageSpec("collect_target", collect(target_model, planted_members, target_reference(cfg)),
                             lambda i: f"{i.get('rows_out')} tasks, {i.get('exec_status')}"))
     if a.rewrites:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from leakray.executor.batches import run_steps
+from leakray.schema import C
 from leakray.stages.collect import CollectConfig, collect_steps, collection_stats, finalize, write_collection
 
 
@@ -35,16 +36,28 @@ def collect_to(table: pa.Table, model_path: str, cfg: CollectConfig, out_dir: Pa
 def prove_variants_to(tasks: list[dict], out_dir: Path, *, seed: int, timeout_s: float, threads: int, actors: int,
                       allow_weak_isolation: bool, batch_size: int = 8, engine: str = "ray") -> dict:
     """The AdvPrompt variants of every task, proven in the sandbox, into ``out_dir/variants.parquet``
-    (one row per task); returns the kept-variant rates."""
+    (one row per task); returns the kept-variant rates and how many tasks came from the proof
+    cache (``protocols.proof_cache``: a task proven by an earlier run under the same settings)."""
     import pyarrow.parquet as pq
 
+    from leakray.protocols import proof_cache
     from leakray.stages.prove import kept_summary, one_row_per_task, prove_steps, task_table
 
-    steps = prove_steps(seed, timeout_s, threads, actors, allow_weak_isolation)
-    result = one_row_per_task(run_steps(task_table(tasks), steps, batch_size=batch_size, engine=engine,
-                                        out_dir=out_dir))
+    settings = {"seed": seed, "timeout_s": timeout_s, "allow_weak_isolation": allow_weak_isolation}
+    cached, todo = proof_cache.split_cached(tasks, settings)
+    parts = []
+    if todo:
+        steps = prove_steps(seed, timeout_s, threads, actors, allow_weak_isolation)
+        proven = one_row_per_task(run_steps(task_table(todo), steps, batch_size=batch_size, engine=engine,
+                                            out_dir=out_dir))
+        proof_cache.store(todo, proven, settings)
+        parts.append(proven)
+    if cached:
+        schema = parts[0].schema if parts else None
+        parts.append(pa.Table.from_pylist(cached, schema=schema))
+    result = pa.concat_tables(parts).sort_by(C.TASK_ID) if len(parts) > 1 else parts[0]
     pq.write_table(result, out_dir / "variants.parquet")
-    return kept_summary(result)
+    return {"kept": kept_summary(result), "from_cache": len(cached)}
 
 
 def perturb_spec(cfg, tasks: list[dict]):
@@ -53,13 +66,14 @@ def perturb_spec(cfg, tasks: list[dict]):
     from leakray.runs import StageSpec
 
     def run(out: Path) -> dict:
-        kept = prove_variants_to(tasks, out, seed=cfg.columns.advprompt_seed, timeout_s=cfg.execute.timeout_s,
-                                 threads=cfg.execute.threads, actors=cfg.ray.execute_actors,
-                                 allow_weak_isolation=cfg.execute.allow_weak_isolation)
-        return {"rows_in": len(tasks), "rows_out": len(tasks), "kept": kept}
+        got = prove_variants_to(tasks, out, seed=cfg.columns.advprompt_seed, timeout_s=cfg.execute.timeout_s,
+                                threads=cfg.execute.threads, actors=cfg.ray.execute_actors,
+                                allow_weak_isolation=cfg.execute.allow_weak_isolation)
+        return {"rows_in": len(tasks), "rows_out": len(tasks), **got}
 
     return StageSpec("perturb", run, lambda i: "AdvPrompt variants kept: " + ", ".join(
-        f"{k} {v['rate']:.0%}" for k, v in i["kept"].items() if v.get("rate") is not None))
+        f"{k} {v['rate']:.0%}" for k, v in i["kept"].items() if v.get("rate") is not None)
+        + (f" ({i['from_cache']} of {i['rows_in']} tasks proven by an earlier run)" if i.get("from_cache") else ""))
 
 
 def reads_any(cfg, columns: set[str]) -> bool:
