@@ -223,7 +223,11 @@ def _threshold_rule(v: str):
 
 class DetectConfig(Section):
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2, 3, 4], min_length=1)  # paper: 5 repeats, median
-    use_ray_train: bool = True
+    # CGMIA's seeds in one Ray Train run. "auto": only when CGMIA trains on a GPU (its config's
+    # device), where Ray Train places it; on CPUs a run's start-up (17-24 s quiet, ~100 s on a busy
+    # 2-core host: benchmarks/bench_ray_train.py) dwarfs seconds of training, and the seeds run as
+    # Ray tasks side by side instead (`parallel`)
+    use_ray_train: bool | Literal["auto"] = "auto"
     # how each detector's decision threshold is chosen, always on shadow data, never on the target
     threshold_rule: Annotated[str, AfterValidator(_threshold_rule)] = Field("shadow_max_mcc", validate_default=True)
     bootstrap: int = Field(1000, ge=0)  # resamples for the 95% intervals of AUC and TPR@5%FPR
@@ -280,6 +284,12 @@ class DetectConfig(Section):
 
         return CGMIAConfig.from_dict(self.cgmia)
 
+    def ray_train(self) -> bool:
+        """``use_ray_train`` resolved: "auto" is Ray Train exactly when CGMIA trains on a GPU."""
+        if self.use_ray_train == "auto":
+            return self.cgmia_config().device.startswith("cuda")
+        return self.use_ray_train
+
 
 class LeakConfig(Section):
     """How the target (and the shadow) came to see their members."""
@@ -318,6 +328,10 @@ class RayConfig(Section):
     embed_actors: int = Field(0, ge=0)
     train_workers: int = Field(1, ge=1)
     use_gpu: bool = False
+    # fine-tunes and leak pretraining on Ray Train; "auto": where it places or spreads the work
+    # (use_gpu, or train_workers > 1), else one Ray task (a CPU worker gains nothing from Train but
+    # its start-up: executor/train.py)
+    use_ray_train: bool | Literal["auto"] = "auto"
 
 
 class SimulateConfig(Section):

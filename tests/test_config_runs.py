@@ -34,6 +34,23 @@ def test_overrides_reach_the_typed_stage_config():
         load_config([], ["noequals"])
 
 
+def test_ray_train_only_where_it_places_or_spreads_the_work():
+    """use_ray_train "auto" (the default): Ray Train for a CUDA CGMIA, Ray tasks on CPUs; a
+    true/false setting is kept as given."""
+    assert load_config([DEFAULT], []).detect.ray_train() is False
+    assert load_config([DEFAULT], ["detect.cgmia={device: cuda}"]).detect.ray_train() is True
+    assert load_config([DEFAULT], ["detect.use_ray_train=true"]).detect.ray_train() is True
+    assert load_config([DEFAULT], ["detect.use_ray_train=false", "detect.cgmia={device: cuda}"]).detect.ray_train() is False
+    with pytest.raises(BadInput):
+        load_config([DEFAULT], ["detect.use_ray_train=sometimes"])
+    # fine-tunes: Ray Train where it places (GPU) or spreads (several workers) the work, else a Ray task
+    from leakray.executor.train import use_ray_train
+
+    assert load_config([DEFAULT], []).ray.use_ray_train == "auto"
+    assert [use_ray_train("auto", w, gpu) for w, gpu in ((1, False), (2, False), (1, True))] == [False, True, True]
+    assert use_ray_train(True, 1, False) and not use_ray_train(False, 1, True)
+
+
 def test_config_file_layer(tmp_path):
     f = tmp_path / "my.yaml"
     f.write_text("sample:\n  k: 3\n")

@@ -217,7 +217,9 @@ def test_ray_data_workers_write_parts_to_s3_and_every_row_comes_back(s3_uri, ray
     assert sorted(write_parts(ds, stage).column("id").to_pylist()) == list(range(40))
 
 
-def test_ray_train_results_and_a_worker_written_model_reach_s3(s3_uri, ray_with_creds, monkeypatch):
+@pytest.mark.parametrize("ray_train", [True, False], ids=["ray-train", "ray-task"])
+def test_ray_train_results_and_a_worker_written_model_reach_s3(s3_uri, ray_with_creds, monkeypatch, ray_train):
+    """On Ray Train, and as the one Ray task a CPU fine-tune runs in (``ray.use_ray_train: auto``)."""
     import sys
 
     from ray import cloudpickle
@@ -226,15 +228,17 @@ def test_ray_train_results_and_a_worker_written_model_reach_s3(s3_uri, ray_with_
     from leakray.executor.train import fit_on_ray
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Train workers cannot import tests/
-    store = RunStore(s3_uri, "run-train")
+    name = f"run-train-{ray_train}"
+    store = RunStore(s3_uri, name)
     model = store.local / "model"
     # rank 0 "on another node" than the driver: it publishes the model, the driver fetches it
     monkeypatch.setattr(train, "_driver_node", lambda: "the-driver's-node")
     out = fit_on_ray(_loop, {"x": 2, "out_dir": str(model)}, name="tiny", storage=store.local / "ray_train",
-                     num_workers=1, use_gpu=False, cpus=1, out_dir=model)
+                     num_workers=1, use_gpu=False, cpus=1, out_dir=model, ray_train=ray_train)
     assert out == {"y": 4}
-    files = s3_files(join(s3_uri, "run-train"))
-    assert any(p.startswith("ray_train/tiny/") for p in files)  # Train's own storage on the URI
+    files = s3_files(join(s3_uri, name))
+    # Train's own storage on the URI; a task has none
+    assert any(p.startswith("ray_train/tiny/") for p in files) == ray_train
     assert files.get("model/weights.txt") == 2 and (model / "weights.txt").read_text() == "w4"
 
 

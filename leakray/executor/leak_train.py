@@ -1,5 +1,6 @@
-"""The `pretrain-mix` leak on Ray Train: the mixture is built once in the driver, then
-`leak.pretrain.continue_pretrain` runs inside a TorchTrainer worker group."""
+"""The `pretrain-mix` leak on the cluster: the mixture is built once in the driver, then
+`leak.pretrain.continue_pretrain` runs inside a TorchTrainer worker group, or one Ray task where
+Ray Train would add only its start-up (`executor.train.use_ray_train`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from leakray.leak.mixture import MixConfig, build_mixture
-from leakray.executor.train import fit_on_ray, worker_hooks
+from leakray.executor.train import fit_on_ray, use_ray_train, worker_hooks
 from leakray.runs import write_json_atomic
 
 
@@ -16,7 +17,7 @@ def _loop(config: dict) -> dict:
     from leakray.leak.pretrain import continue_pretrain
 
     return continue_pretrain(config["base"], config["sequences"], MixConfig(**config["mix"]), config["out_dir"],
-                             member_token_share=config["member_token_share"], desc=config["desc"], **worker_hooks())
+                             member_token_share=config["member_token_share"], desc=config["desc"], **worker_hooks(config))
 
 
 # the target's and the shadow's pretraining run side by side in two threads (runs.Together), and
@@ -27,7 +28,7 @@ _IMPORT_LOCK = threading.Lock()
 
 def pretrain_mix_on_ray(base_path: str | Path, corpus_texts: list[str], member_texts: list[str], cfg: MixConfig,
                         out_dir: str | Path, *, name: str, storage: str | Path, num_workers: int = 1,
-                        use_gpu: bool = False) -> dict:
+                        use_gpu: bool = False, ray_train: bool | str = "auto") -> dict:
     """Continue pretraining `base_path` on clean text + each member `cfg.dose` times; rank 0 saves
     the model to `out_dir` (with `mixture.json`: where each member copy sits) and stats come back."""
     with _IMPORT_LOCK:
@@ -39,7 +40,8 @@ def pretrain_mix_on_ray(base_path: str | Path, corpus_texts: list[str], member_t
     config = {"base": str(base_path), "sequences": mix.sequences, "mix": asdict(cfg), "out_dir": str(out_dir),
               "member_token_share": mix.member_token_share, "desc": f"pretrain-mix {name}"}
     stats = fit_on_ray(_loop, config, name=name, storage=storage, num_workers=num_workers, use_gpu=use_gpu,
-                       cpus=max(1, cfg.threads), out_dir=out_dir)
+                       cpus=max(1, cfg.threads), out_dir=out_dir,
+                       ray_train=use_ray_train(ray_train, num_workers, use_gpu))
     summary = mix.summary()
     write_json_atomic(out_dir / "mixture.json", {**summary, "occurrences": mix.occurrences})
     return {**stats, "dose": cfg.dose, "member_token_share": mix.member_token_share, "n_tokens": mix.n_tokens,

@@ -40,7 +40,7 @@ def build_card(shadow: pa.Table, cfg, out: Path, *, storage: Path, meta: dict) -
         from leakray.detect import registry
 
         detectors = [n for n in registry.names() if not n.endswith("_nonoracle")]
-    result = evaluate_detectors(fit, val, d.cgmia_config(), d.seeds, use_ray_train=d.use_ray_train,
+    result = evaluate_detectors(fit, val, d.cgmia_config(), d.seeds, use_ray_train=d.ray_train(),
                                 storage_path=storage, save_dir=out / DETECTORS_DIR, threshold_rule=d.threshold_rule,
                                 bootstrap=d.bootstrap, detectors=detectors, detector_params=d.params,
                                 trace_memory=d.trace_memory, parallel=d.parallel)

@@ -176,7 +176,8 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
             texts = [training_text(t) for t in by_fold()[ROLES[role][0]]]
             stats = pretrain_mix_on_ray(base_of(role), corpus, texts, cfg.leak.mix(role=role), out / "model",
                                         name=f"{role}-{runner.run_dir.name}", storage=runner.run_dir / "ray_train",
-                                        num_workers=cfg.ray.train_workers, use_gpu=cfg.ray.use_gpu)
+                                        num_workers=cfg.ray.train_workers, use_gpu=cfg.ray.use_gpu,
+                                        ray_train=cfg.ray.use_ray_train)
             return {"rows_in": len(texts), "rows_out": len(texts), **stats}
         return run
 
@@ -190,7 +191,8 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
             texts = [training_text(t) for t in by_fold()[ROLES[role][0]]]
             stats = finetune_on_ray(base_of(role), texts, to_stage(getattr(cfg, role)), out / "model",
                                     name=f"{role}-{runner.run_dir.name}", storage=runner.run_dir / "ray_train",
-                                    num_workers=cfg.ray.train_workers, use_gpu=cfg.ray.use_gpu)
+                                    num_workers=cfg.ray.train_workers, use_gpu=cfg.ray.use_gpu,
+                                    ray_train=cfg.ray.use_ray_train)
             return {"rows_in": len(texts), "rows_out": len(texts), **stats}
         return run
 
@@ -230,7 +232,7 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
         extras = submit_tasks(advprompt_part, parts, shadow, target, cfg.detect.seeds, cfg.detect.threshold_rule,
                               cfg.detect.bootstrap, engine="ray" if cfg.detect.parallel and parts else "local")
         result = evaluate_detectors(shadow, target, cfg.detect.cgmia_config(), cfg.detect.seeds,
-                                    use_ray_train=cfg.detect.use_ray_train, storage_path=runner.run_dir / "ray_train",
+                                    use_ray_train=cfg.detect.ray_train(), storage_path=runner.run_dir / "ray_train",
                                     save_dir=out, threshold_rule=cfg.detect.threshold_rule,
                                     bootstrap=cfg.detect.bootstrap, detectors=learned_detectors(cfg),
                                     detector_params=cfg.detect.params, trace_memory=cfg.detect.trace_memory,
