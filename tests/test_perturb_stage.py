@@ -32,7 +32,8 @@ def test_prove_batch_folds_kept_variants_into_one_row_per_task(tmp_path):
 
 def test_proven_variants_are_reused_across_runs_by_task_and_settings(tmp_path, monkeypatch):
     """A second run proves only what no earlier run proved under the same settings: the same
-    tasks are read back from $LEAKRAY_CACHE; another timeout, or a changed task, is proved again."""
+    tasks are read back from $LEAKRAY_CACHE; another timeout, a changed task, or a task with a
+    failed variant (a failure may be a busy machine's timeout) is proved again."""
     import leakray.stages.prove as prove
     from leakray.protocols.collection import prove_variants_to
 
@@ -43,10 +44,13 @@ def test_proven_variants_are_reused_across_runs_by_task_and_settings(tmp_path, m
         ids = batch.column(C.TASK_ID).to_pylist()
         proved.extend(ids)
         return pa.table({C.TASK_ID: ids, C.ADV_PROMPTS: [[f"{t} {seed}", ""] for t in ids],
-                         C.ADV_KIND: [["base", ""] for _ in ids], "check": [["python|IDC|kept"] for _ in ids]})
+                         C.ADV_KIND: [["base", ""] for _ in ids],
+                         "check": [["python|IDC|kept", f"python|FDC|{'failed' if t == flaky else 'kept'}"]
+                                   for t in ids]})
 
     monkeypatch.setattr(prove, "prove_batch", fake_prove)
-    tasks = read_humaneval()[:4]
+    tasks = read_humaneval()[:5]
+    flaky = tasks[4][T.TASK_ID]
     args = {"seed": 0, "timeout_s": 10.0, "threads": 1, "actors": 1, "allow_weak_isolation": True, "engine": "local"}
 
     def run(name, tasks, **over):
@@ -57,15 +61,18 @@ def test_proven_variants_are_reused_across_runs_by_task_and_settings(tmp_path, m
 
     first, v1 = run("a", tasks[:3])
     assert first["from_cache"] == 0 and sorted(proved) == sorted(t[T.TASK_ID] for t in tasks[:3])
-    again, v2 = run("b", tasks)  # three proved before, one new
+    again, v2 = run("b", tasks[:4])  # three proved before, one new
     assert again["from_cache"] == 3 and proved == [tasks[3][T.TASK_ID]]
-    assert v2.column(C.TASK_ID).to_pylist() == sorted(t[T.TASK_ID] for t in tasks)
+    assert v2.column(C.TASK_ID).to_pylist() == sorted(t[T.TASK_ID] for t in tasks[:4])
     assert v2.slice(0, 3).equals(v1.sort_by(C.TASK_ID)) and again["kept"]["python/IDC"]["kept"] == 4
-    other, _ = run("c", tasks, timeout_s=20.0)  # other sandbox limits: another verdict may follow
+    other, _ = run("c", tasks[:4], timeout_s=20.0)  # other sandbox limits: another verdict may follow
     assert other["from_cache"] == 0 and len(proved) == 4
-    changed = [dict(tasks[0], **{T.REFERENCE: tasks[0][T.REFERENCE] + "\n"}), *tasks[1:]]
+    changed = [dict(tasks[0], **{T.REFERENCE: tasks[0][T.REFERENCE] + "\n"}), *tasks[1:4]]
     edited, _ = run("d", changed)
     assert edited["from_cache"] == 3 and proved == [tasks[0][T.TASK_ID]]
+    run("e", tasks)  # the flaky task's failed variant: proved, not stored
+    retried, _ = run("f", tasks)
+    assert retried["from_cache"] == 4 and proved == [flaky]
 
 
 def _adv_collection(n: int, seed: int, signal: float) -> pa.Table:

@@ -161,7 +161,7 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
     target = StageSpec("target", finetune("target", "planted_members"),
                        lambda i: f"planted leak: {leak_kind(cfg)} on {i['rows_in']} tasks")
     # a planted target reads only the base and its own members: it trains beside the shadow (one
-    # thread each, each waiting on its own Ray Train run), as simulate's two fine-tunes do
+    # thread each, each waiting on its own Ray work), as simulate's two fine-tunes do
     together = card_dir is None and planted and not card_only
     if card_dir is None:
         stages += [

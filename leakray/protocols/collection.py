@@ -46,7 +46,7 @@ def prove_variants_to(tasks: list[dict], out_dir: Path, *, seed: int, timeout_s:
     settings = {"seed": seed, "timeout_s": timeout_s, "allow_weak_isolation": allow_weak_isolation}
     cached, todo = proof_cache.split_cached(tasks, settings)
     parts = []
-    if todo:
+    if todo or not cached:
         steps = prove_steps(seed, timeout_s, threads, actors, allow_weak_isolation)
         proven = one_row_per_task(run_steps(task_table(todo), steps, batch_size=batch_size, engine=engine,
                                             out_dir=out_dir))

@@ -5,7 +5,9 @@ the sandbox's limits and the code that perturbs and proves, never on a model. A 
 models x benchmarks, a re-audit with a card, or the demo's second run would otherwise prove the
 same programs again (about a minute per 164 tasks on two cores). Keyed by all of those, one small
 JSON file per task, written atomically: a killed run leaves whole entries or none; a key never
-changes meaning, so an entry is never rewritten, only added. The code is keyed by the bytes of
+changes meaning, so an entry is never rewritten, only added. Only a task whose every variant was
+kept (or not applicable) is stored: a pass is proven by the harness, but a failure may be a
+timeout on a busy machine, and is tried again next run. The code is keyed by the bytes of
 the modules that perturb and prove (not the commit): an unrelated change keeps the cache."""
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from leakray.perturb.keep import BASELINE_FAILED, FAILED
 from leakray.runs import cache_root, content_hash, write_json_atomic
 from leakray.schema import C, T
 
@@ -63,13 +66,14 @@ def split_cached(tasks: list[dict], settings: dict, root: Path | None = None) ->
 
 
 def store(tasks: list[dict], proven: pa.Table, settings: dict, root: Path | None = None) -> int:
-    """Add the rows of ``proven`` (one per task id) to the cache; returns how many were written."""
+    """Add the rows of ``proven`` (one per task id) whose variants all held to the cache; returns
+    how many were written."""
     root = root or cache_root()
     by_id = {t[T.TASK_ID]: t for t in tasks}
     n = 0
     for row in proven.to_pylist():
         task = by_id.get(row[C.TASK_ID])
-        if task is None:
+        if task is None or any(item.rsplit("|", 1)[-1] in (FAILED, BASELINE_FAILED) for item in row["check"]):
             continue
         path = _path(root, proof_key(task, settings))
         path.parent.mkdir(parents=True, exist_ok=True)
