@@ -35,13 +35,18 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
 
+    import hashlib
+
     import numpy as np
     import pyarrow.parquet as pq
 
     from leakray.config import DEFAULT, load_config
+    from leakray.data.humaneval import read_humaneval
     from leakray.executor.runtime import ensure_ray
-    from leakray.executor.train import fit_on_ray
+    from leakray.executor.train import finetune_on_ray, fit_on_ray
+    from leakray.models.finetune import FinetuneConfig
     from leakray.protocols.detectors import evaluate_detectors
+    from leakray.schema import T
 
     ensure_ray(None, verbose=False)
     shadow = pq.read_table(args.run_dir / "collect_shadow" / "collection.parquet")
@@ -61,13 +66,6 @@ def main() -> None:
         res = evaluate_detectors(shadow, target, cgmia, seeds, detectors=["cgmia"], use_ray_train=on_train,
                                  storage_path=storage, bootstrap=0, trace_memory=False, parallel=True)
         return res["scores"].sort_by([("seed", "ascending"), ("task_id", "ascending")]).column("score").to_numpy()
-
-    import hashlib
-
-    from leakray.data.humaneval import read_humaneval
-    from leakray.executor.train import finetune_on_ray
-    from leakray.models.finetune import FinetuneConfig
-    from leakray.schema import T
 
     base = Path(__file__).resolve().parent.parent / "leakray" / "prebuilt" / "base"
     texts = [t[T.PROMPT] + t[T.REFERENCE] for t in read_humaneval()[:6]]

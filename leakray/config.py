@@ -224,9 +224,9 @@ def _threshold_rule(v: str):
 class DetectConfig(Section):
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2, 3, 4], min_length=1)  # paper: 5 repeats, median
     # CGMIA's seeds in one Ray Train run. "auto": only when CGMIA trains on a GPU (its config's
-    # device), where Ray Train places it; on CPUs a run's start-up (17-24 s quiet, ~100 s on a busy
-    # 2-core host: benchmarks/bench_ray_train.py) dwarfs seconds of training, and the seeds run as
-    # Ray tasks side by side instead (`parallel`)
+    # device), where Ray Train places it; on CPUs a run's start-up (an empty run 16-19 s on a quiet
+    # 2-core host: benchmarks/bench_ray_train.py; CGMIA's 2 seeds 102 s in a busy test run) dwarfs
+    # seconds of training, and the seeds run as Ray tasks side by side instead (`parallel`)
     use_ray_train: bool | Literal["auto"] = "auto"
     # how each detector's decision threshold is chosen, always on shadow data, never on the target
     threshold_rule: Annotated[str, AfterValidator(_threshold_rule)] = Field("shadow_max_mcc", validate_default=True)
