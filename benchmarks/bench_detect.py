@@ -12,6 +12,10 @@ setting), so a busy machine does not distort it:
 - cgmia + cgmia_ensemble fitted one after the other, each its own fits (before: 5 + 15 CGMIA
   seeds at 3 members), against one group fit where the ensemble reuses CGMIA's fits (after: 7).
 
+With ``--memory``: every detector (``--only``, default all that the collections allow) with
+tracemalloc's per-detector trace on and off (``detect.trace_memory``), side by side, and the CPU
+ratio; the resident-set peak (``peak_rss_mb``, sampled by a thread) is taken in both.
+
 The stage's wall time on the demo (Ray tasks, Ray Train and Tune side by side) is in the
 demo's marker; this script shows where the core-seconds went.
 """
@@ -36,8 +40,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--only", default="advprompt,cgmia,cnn,lstm,transformer,leakray_combined,text_combined,gotcha")
+    ap.add_argument("--only", default=None,
+                    help="detectors (default: the learned ones; with --memory every one the collections allow)")
+    ap.add_argument("--memory", action="store_true", help="tracemalloc on against off, per detector")
     args = ap.parse_args()
+    if args.memory:
+        return memory(args)
+    args.only = args.only or "advprompt,cgmia,cnn,lstm,transformer,leakray_combined,text_combined,gotcha"
 
     import pyarrow.parquet as pq
     import torch
@@ -86,6 +95,42 @@ def main() -> None:
     together = run(["cgmia", "cgmia_ensemble"])
     print(f"\ncgmia + cgmia_ensemble (fused Adam): apart {apart:.1f} s, one group {together:.1f} s, "
           f"ratio {together / apart:.2f}")
+
+
+def memory(args) -> None:
+    """CPU seconds of each detector group (fit + threshold + scoring, every seed, one process) with
+    detect.trace_memory off and on, and the resident-set peak each time."""
+    import pyarrow.parquet as pq
+    import torch
+
+    from leakray.detect import registry
+    from leakray.detect.base import FitContext, missing_input
+    from leakray.protocols.detectors import fit_and_score
+
+    torch.set_num_threads(1)
+    shadow = pq.read_table(args.run_dir / "collect_shadow" / "collection.parquet")
+    target = pq.read_table(args.run_dir / "collect_target" / "collection.parquet")
+    seeds, ctx, boot = list(range(args.seeds)), FitContext(), {"n_bootstrap": 0, "bootstrap_seed": 0}
+    names = args.only.split(",") if args.only else [
+        n for n in registry.resolve("all")
+        if not (missing_input(shadow, registry.spec(n).columns) or missing_input(target, registry.spec(n).columns))]
+    groups: dict[str, list[str]] = {}  # as the stage fits them: a group's detectors in one call
+    for n in names:
+        groups.setdefault(registry.detector_class(n).group or n, []).append(n)
+    print(f"{shadow.num_rows} shadow rows, {target.num_rows} target rows, seeds {seeds}; CPU seconds, one thread")
+    print(f"{'detector group':<30}{'untraced':>10}{'traced':>10}{'ratio':>8}{'peak RSS MB':>13}{'py peak MB':>12}")
+    total = [0.0, 0.0]
+    for members in groups.values():
+        off, t_off = cpu(lambda: fit_and_score((members, seeds), shadow, target, {}, ctx, False, boot))
+        on, t_on = cpu(lambda: fit_and_score((members, seeds), shadow, target, {}, ctx, True, boot))
+        if "skipped" in off:
+            print(f"{','.join(members):<30} skipped: {off['skipped']}")
+            continue
+        total[0] += t_off
+        total[1] += t_on
+        print(f"{','.join(members):<30}{t_off:>10.1f}{t_on:>10.1f}{t_on / max(t_off, 1e-9):>8.2f}"
+              f"{off['cost']['peak_rss_mb'] or 0:>13.1f}{on['cost']['py_peak_mb'] or 0:>12.1f}")
+    print(f"{'total':<30}{total[0]:>10.1f}{total[1]:>10.1f}{total[1] / total[0]:>8.2f}")
 
 
 if __name__ == "__main__":

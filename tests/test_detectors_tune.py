@@ -78,7 +78,7 @@ def test_evaluate_detectors_over_the_registry(ray_local, tmp_path):
                                                          batch_size=16),
                              seeds=[0, 1], detectors=names, bootstrap=0,
                              detector_params={"lr": {"grid": {"C": [0.1, 10.0]}}},
-                             storage_path=tmp_path, save_dir=tmp_path / "saved")
+                             storage_path=tmp_path, save_dir=tmp_path / "saved", trace_memory=True)
     assert res["detectors"] == names
     assert res["skipped"]["ref_calibrated"].startswith("column 'refmodel_token_logprobs' is empty (its pass was "
                                                        "switched off")
@@ -87,9 +87,9 @@ def test_evaluate_detectors_over_the_registry(ray_local, tmp_path):
     assert set(res["costs"]) == set(res["median"])  # a cost per detector run, none for the skipped one
     for name in res["median"]:
         cost = res["costs"][name]
-        # traced (trace_memory defaults on): every detector allocates something while it fits and scores
+        # traced: every detector allocates something while it fits and scores
         assert cost["wall_s"] > 0 and cost["py_peak_mb"] > 0, (name, cost)
-        assert isinstance(cost["maxrss_delta_mb"], float), (name, cost)
+        assert isinstance(cost["peak_rss_mb"], float) and cost["peak_rss_mb"] >= 0, (name, cost)
         assert res["median"][name]["auc"] > 0.6, name
     shared = lambda name: {k: v for k, v in res["costs"][name].items() if k != "trial_s"}  # noqa: E731
     assert shared("nb") == shared("lr")  # one shared Tune run, one measurement
@@ -106,9 +106,12 @@ def test_evaluate_detectors_over_the_registry(ray_local, tmp_path):
     json.dumps(scores_to_dict(res))
 
 
-def test_memory_trace_is_per_detector_and_sees_what_it_allocates(monkeypatch):
-    """py_peak_mb is measured per detector: a detector that holds 8 MiB while fitting shows at
-    least that, the detector after it does not inherit the peak, and no tracing gives None."""
+def test_memory_is_measured_per_detector_and_sees_what_it_allocates(monkeypatch):
+    """peak_rss_mb (always) and py_peak_mb (with trace_memory) are per detector: a detector that
+    holds 8 MiB while fitting shows at least that, the detector after it does not inherit the
+    peak, and without tracing py_peak_mb is None."""
+    import time
+
     import numpy as np
 
     from leakray.detect.min_k import MinK
@@ -119,18 +122,51 @@ def test_memory_trace_is_per_detector_and_sees_what_it_allocates(monkeypatch):
 
     def fat_fit(self, table, seed=0):
         block = np.ones(2**20)  # 8 MiB, traced by tracemalloc (numpy reports its buffers)
+        # 8 MiB the process must take from the system: numpy's buffer may reuse pages the allocator
+        # already holds (glibc serves a large block from its heap once one has been freed)
+        pages = _resident_block(8 * 2**20)
         out = fit(self, table, seed)
+        time.sleep(0.1)  # held across several of the resident-set sampler's 10 ms reads
         del block
+        pages.close()
         return out
 
     monkeypatch.setattr(MinK, "fit", fat_fit)
-    res = evaluate_detectors(shadow, target, seeds=[0], detectors=["min_k", "zlib"], bootstrap=0)
+    res = evaluate_detectors(shadow, target, seeds=[0], detectors=["min_k", "zlib"], bootstrap=0, trace_memory=True)
     costs = res["costs"]
     assert set(costs) == {"min_k", "zlib"}
     assert costs["min_k"]["py_peak_mb"] >= 8.0, costs
     assert 0 < costs["zlib"]["py_peak_mb"] < 8.0, costs  # its own peak, not min_k's
-    off = evaluate_detectors(shadow, target, seeds=[0], detectors=["min_k"], bootstrap=0, trace_memory=False)
+    assert costs["min_k"]["peak_rss_mb"] >= 7.5, costs  # pages, not bytes: a little under the array's size
+    assert 0 <= costs["zlib"]["peak_rss_mb"] < 7.5, costs
+    off = evaluate_detectors(shadow, target, seeds=[0], detectors=["min_k"], bootstrap=0)  # the default: untraced
     assert off["costs"]["min_k"]["py_peak_mb"] is None and off["costs"]["min_k"]["wall_s"] > 0
+    assert off["costs"]["min_k"]["peak_rss_mb"] >= 7.5, off["costs"]
+
+
+def _resident_block(size: int):
+    """An anonymous mapping of ``size`` bytes, written: always new resident pages."""
+    import mmap
+
+    block = mmap.mmap(-1, size)
+    block.write(b"\1" * size)
+    return block
+
+
+def test_resident_set_peak_sees_a_short_lived_block_and_only_its_growth():
+    from leakray.protocols.rss_peak import RssPeak, resident_bytes
+
+    assert resident_bytes() > 0
+    with RssPeak() as held:
+        block = _resident_block(32 * 2**20)
+        import time
+
+        time.sleep(0.05)
+        block.close()
+    with RssPeak() as idle:
+        pass
+    assert held.mb >= 30.0, held.mb
+    assert idle.mb is not None and idle.mb < 30.0, idle.mb
 
 
 def test_expert_ablation_covers_all_sixteen_subsets():
@@ -184,12 +220,12 @@ def test_a_detectors_seed_tasks_merge_in_order_and_one_skipped_seed_skips_it():
 
     def out(name, seed, wall, peak=1.0):
         return {"members": [name], "rows": {name: [{"detector": NS(seed=seed)}]},
-                "cost": {"wall_s": wall, "py_peak_mb": peak, "maxrss_delta_mb": peak}}
+                "cost": {"wall_s": wall, "peak_rss_mb": peak, "py_peak_mb": None}}
 
     merged = _merge_seed_jobs([out("gotcha", 3, 1.0), out("min_k", 0, 0.5), out("gotcha", 1, 2.0, peak=4.0),
                                {"members": ["cdd"], "skipped": "no column"}, out("cdd", 1, 1.0)])
     by = {o["members"][0]: o for o in merged}
     assert [r["detector"].seed for r in by["gotcha"]["rows"]["gotcha"]] == [3, 1]  # submission order
-    assert by["gotcha"]["cost"] == {"wall_s": 3.0, "py_peak_mb": 4.0, "maxrss_delta_mb": 4.0}
+    assert by["gotcha"]["cost"] == {"wall_s": 3.0, "peak_rss_mb": 4.0, "py_peak_mb": None}
     assert by["cdd"] == {"members": ["cdd"], "skipped": "no column"}
     assert len(by["min_k"]["rows"]["min_k"]) == 1

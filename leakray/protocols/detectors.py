@@ -64,15 +64,16 @@ def _labels(table: pa.Table, which: str) -> np.ndarray:
 DEFAULT_DETECTORS = ("cgmia", "detectleak", "ref_loss", "gt_match")  # the pre-registry set
 
 
-COST_NOTE = ("wall_s: fit + threshold + target scoring, all seeds (tracemalloc's overhead included; summed over "
-             "the tasks when a detector's seeds ran as separate tasks). "
-             "py_peak_mb: peak of Python-level allocations (tracemalloc: numpy arrays counted, torch tensors "
-             "and native libraries not). maxrss_delta_mb: growth of the driver's peak resident set "
-             "(getrusage; 0 when the detector stayed below an earlier peak). Work in Ray workers (Tune "
-             "trials, Ray Train) is in neither memory figure; with parallel, Ray Train and Tune runs start "
-             "side by side and their py_peak_mb is null (tracemalloc is process-wide). trial_s sums a "
-             "Tune-searched model's trial fit times, and shared_run names detectors whose wall time is one "
-             "shared run (a Tune search, or CGMIA's fits that cgmia_ensemble reuses).")
+COST_NOTE = ("wall_s: fit + threshold + target scoring, all seeds (summed over the tasks when a detector's seeds "
+             "ran as separate tasks). peak_rss_mb: the largest growth of the resident set of the process that ran "
+             "it (numpy, torch and native libraries included; sampled every 10 ms, so a shorter peak can be "
+             "missed; the largest over its seed tasks). py_peak_mb, with detect.trace_memory only: tracemalloc's "
+             "peak of Python-level allocations (numpy counted, torch tensors not; it makes fitting ~2x as "
+             "costly in CPU). Work in Ray Train and Tune runs is in neither memory figure: their groups report "
+             "the driver's side, and with parallel, Ray Train and Tune runs start side by side and their "
+             "py_peak_mb is null (tracemalloc is process-wide). trial_s sums a Tune-searched model's trial fit "
+             "times, and shared_run names detectors whose wall time is one shared run (a Tune search, or CGMIA's "
+             "fits that cgmia_ensemble reuses).")
 
 
 class _Cost:
@@ -82,37 +83,42 @@ class _Cost:
         self.trace = trace
 
     def __enter__(self) -> "_Cost":
-        import resource
         import time
         import tracemalloc
+
+        from leakray.protocols.rss_peak import RssPeak
 
         self._started_tracing = self.trace and not tracemalloc.is_tracing()
         if self._started_tracing:
             tracemalloc.start()
         elif self.trace:
             tracemalloc.reset_peak()
-        self._rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        self._rss = RssPeak().__enter__()
         self._t0 = time.perf_counter()
         return self
 
     def __exit__(self, *exc) -> None:
-        import resource
-        import sys
         import time
         import tracemalloc
 
         self.wall_s = time.perf_counter() - self._t0
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        unit = 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB on Linux
-        self.maxrss_delta_mb = (rss - self._rss0) * unit / 2**20
+        self._rss.__exit__(*exc)
+        self.peak_rss_mb = self._rss.mb
         self.py_peak_mb = tracemalloc.get_traced_memory()[1] / 2**20 if self.trace else None
         if self._started_tracing:
             tracemalloc.stop()
 
     def to_dict(self, **extra: Any) -> dict[str, Any]:
-        return {"wall_s": round(self.wall_s, 3),
-                "py_peak_mb": None if self.py_peak_mb is None else round(self.py_peak_mb, 2),
-                "maxrss_delta_mb": round(self.maxrss_delta_mb, 2), **extra}
+        return {"wall_s": round(self.wall_s, 3), "peak_rss_mb": _round(self.peak_rss_mb),
+                "py_peak_mb": _round(self.py_peak_mb), **extra}
+
+
+def _round(mb: float | None) -> float | None:
+    return None if mb is None else round(mb, 2)
+
+
+def _larger(a: float | None, b: float | None) -> float | None:
+    return a if b is None else b if a is None else max(a, b)
 
 
 def fit_and_score(job: tuple[list[str], list[int]], shadow: pa.Table, target: pa.Table,
@@ -167,8 +173,8 @@ def _merge_seed_jobs(outcomes: list[dict]) -> list[dict]:
                 have["rows"][name] += rows
             cost, more = have["cost"], out["cost"]
             have["cost"] = {"wall_s": round(cost["wall_s"] + more["wall_s"], 3),
-                            "py_peak_mb": None if cost["py_peak_mb"] is None else max(cost["py_peak_mb"], more["py_peak_mb"]),
-                            "maxrss_delta_mb": max(cost["maxrss_delta_mb"], more["maxrss_delta_mb"])}
+                            "peak_rss_mb": _larger(cost.get("peak_rss_mb"), more.get("peak_rss_mb")),
+                            "py_peak_mb": _larger(cost.get("py_peak_mb"), more.get("py_peak_mb"))}
     return list(merged.values())  # a detector's seed jobs come back in the order they were submitted
 
 
@@ -179,7 +185,7 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
                        allow_task_overlap: bool = False, progress: bool = False,
                        save_dir: str | os.PathLike | None = None, threshold_rule: str = DEFAULT_RULE,
                        threshold_folds: int = CROSS_FIT_FOLDS, bootstrap: int = N_BOOTSTRAP,
-                       bootstrap_seed: int = BOOTSTRAP_SEED, trace_memory: bool = True,
+                       bootstrap_seed: int = BOOTSTRAP_SEED, trace_memory: bool = False,
                        expert_ablation: bool = False, parallel: bool = False) -> dict[str, Any]:
     """Fit every requested detector on the shadow collection, score the target, compare.
 
@@ -202,8 +208,8 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
 
     Returns ``{"per_seed": {detector: [metrics, ...]}, "median": {detector:
     median_over_repeats}, "thresholds": {detector: {"rule", "chosen_on", "values": [per
-    seed]}}, "skipped": {detector: reason}, "costs": {detector: {"wall_s", "py_peak_mb",
-    "maxrss_delta_mb", ...}}, "details": {detector: [per seed: what fitting chose]},
+    seed]}}, "skipped": {detector: reason}, "costs": {detector: {"wall_s", "peak_rss_mb",
+    "py_peak_mb", ...}}, "details": {detector: [per seed: what fitting chose]},
     "specs": {detector: spec}, "detectors": [requested], "threshold_rule", "bootstrap":
     {"n_resamples", "seed"}, "seeds": [...], "scores": pa.Table (SCORES_SCHEMA, one row per
     task per detector per seed)}`` and, with ``expert_ablation``, ``"expert_ablation"``
