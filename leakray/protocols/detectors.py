@@ -70,8 +70,9 @@ COST_NOTE = ("wall_s: fit + threshold + target scoring, all seeds (summed over t
              "missed; the largest over its seed tasks). py_peak_mb, with detect.trace_memory only: tracemalloc's "
              "peak of Python-level allocations (numpy counted, torch tensors not; it makes fitting ~2x as "
              "costly in CPU). Work in Ray Train and Tune runs is in neither memory figure: their groups report "
-             "the driver's side, and with parallel, Ray Train and Tune runs start side by side and their "
-             "py_peak_mb is null (tracemalloc is process-wide). trial_s sums a Tune-searched model's trial fit "
+             "the driver's side. With parallel, the groups run from the driver (the Tune search; CGMIA, which "
+             "on CPUs fits in the driver) run side by side in its threads, so their peak_rss_mb share one "
+             "process and their py_peak_mb is null (tracemalloc is process-wide). trial_s sums a Tune-searched model's trial fit "
              "times, and shared_run names detectors whose wall time is one shared run (a Tune search, or CGMIA's "
              "fits that cgmia_ensemble reuses).")
 

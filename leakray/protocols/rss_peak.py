@@ -8,9 +8,10 @@ resident set sees everything the process holds (numpy, torch, native libraries);
 costs microseconds, so a thread reads it every ``interval`` seconds, and once more at the end.
 
 What it measures: the largest resident set seen minus the one at the start. It can miss a peak
-shorter than the interval, and it counts what other threads of the process allocate meanwhile
-(the detect stage runs one detector per Ray worker process; the driver's threads only wait on
-their Ray Train / Tune runs). Where the resident set cannot be read (no ``/proc``), it is None.
+shorter than the interval, and it counts what other threads of the process allocate meanwhile:
+the detect stage runs one detector per Ray worker process, but the groups it runs from the
+driver share the driver's process (each in a thread: the Tune search, and CGMIA's fits, which on
+CPUs train in that thread). Where the resident set cannot be read (no ``/proc``), it is None.
 """
 
 from __future__ import annotations

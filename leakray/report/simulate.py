@@ -258,7 +258,7 @@ def render_markdown(r: dict) -> str:
                 v = f"{v} of {m['n_repeats']}"
             cells.append(_fmt(v))
         cost = m.get("cost") or {}
-        cells += [_fmt(m.get("access")), _fmt(cost.get("wall_s")), _fmt(cost.get("peak_rss_mb", cost.get("py_peak_mb")))]
+        cells += [_fmt(m.get("access")), _fmt(cost.get("wall_s")), _fmt(cost.get("peak_rss_mb"))]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "Sorted by AUC. Wall time covers fit, threshold and scoring over all seeds; "
               + ((r.get("detectors_full") or {}).get("cost_note") or "")]
