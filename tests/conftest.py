@@ -22,6 +22,37 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+# The modules whose tests run on the real head (`ray_head`): one xdist worker runs them one after
+# another, on one head for the suite, while the other workers share out the rest. Side by side on
+# two heads (two end-to-end protocols, each with two CPUs of Ray workers, on a 2-core machine) they
+# took 2-3.5x their time alone. The grouping is by module because the controller sees only node
+# ids: xdist's own `xdist_group` mark does not reach them under pytest 9.2 (xdist 3.8 renames
+# `item._nodeid`, which pytest no longer reads), so it is done here and checked below.
+RAY_HEAD_MODULES = ("tests/test_e2e.py", "tests/test_faults.py", "tests/test_audit_e2e.py")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class RayHeadFirst(LoadScopeScheduling):
+        """Load scheduling, one test at a time, except the tests on the real head: one unit, the
+        largest, so loadscope's largest-first order starts it at once on the first worker."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return "ray_head" if nodeid.split("::", 1)[0] in RAY_HEAD_MODULES else nodeid
+
+    return RayHeadFirst(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that uses the real head outside RAY_HEAD_MODULES would run beside them on a head of
+    its own: refuse the collection instead of silently slowing the suite."""
+    stray = [item.nodeid for item in items if "ray_head" in getattr(item, "fixturenames", ())
+             and item.nodeid.split("::", 1)[0] not in RAY_HEAD_MODULES]
+    if stray:
+        raise pytest.UsageError(f"tests on the real head outside RAY_HEAD_MODULES (tests/conftest.py): {stray}")
+
+
 @pytest.fixture(scope="session")
 def tiny_lm(tmp_path_factory):
     """A seconds-sized GPT-2 + BPE tokenizer built by the same code as the demo's base model."""

@@ -1,17 +1,12 @@
-"""`leakray audit`: calibration and inflation on fixed
-synthetic inputs, a detector card's save/reuse, and the audit end to end on a local Ray
-(a planted leak, then the same audit again from its card with no fine-tuning)."""
+"""`leakray audit`: calibration and inflation on fixed synthetic inputs, a detector card's
+save/reuse, and the audit's flags and refusals (the audit end to end is tests/test_audit_e2e.py)."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from cgmia_data import synthetic_collection
-from conftest import ROOT
 
 from leakray.errors import BadInput
 from leakray.evaluate.calibration import Calibrator, calibration_report, fit_calibrator, reliability
@@ -98,83 +93,3 @@ def test_audit_refuses_bad_input(tmp_path):
     assert main(["audit", "--card", str(tmp_path)]) == 2  # not a card
     assert main(["audit", "--set", "audit.member_fraction=1.5"]) == 2
     assert main(["audit", "--set", "audit.detector=cgmai"]) == 2
-
-
-AUDIT = ["--quick", "--set", "detect.detectors=[ref_loss,min_k,gt_match,cgmia,advprompt,toy]", "--set", "audit.member_fraction=0.25",
-         "--set", "columns.upper_case=false", "--set", "detect.trace_memory=false"]
-
-
-@pytest.mark.slow
-# generous guards: three invocations (killed, resumed, card reused) on a possibly busy 2-core machine
-@pytest.mark.timeout(2400)
-def test_audit_end_to_end_then_reuse_card(ray_head, tmp_path, leakray_cache):
-    _, _, gcs, env = ray_head
-    out = tmp_path / "runs"
-    # a detector kept outside leakray (one file + one entry) goes into the card and the audit
-    env = dict(env, LEAKRAY_CACHE=str(leakray_cache), LEAKRAY_DETECTORS="toy=tests/plugins/toy_detector.py:Toy")
-
-    def audit(*extra):
-        proc = subprocess.run([sys.executable, "-m", "leakray.cli", "audit", *AUDIT, *extra, "--output", str(out),
-                               "--address", gcs], env=env, capture_output=True, text=True, timeout=1500, cwd=ROOT)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return proc
-
-    corpus = ["--corpus", str(ROOT / "tests" / "fixtures" / "screen" / "corpus")]  # holds a copy of HumanEval/0
-    # killed (SIGKILL) while building the card; the next invocation resumes at the card
-    killed = subprocess.run([sys.executable, "-m", "leakray.cli", "audit", *AUDIT, *corpus, "--output", str(out),
-                             "--address", gcs], env=dict(env, LEAKRAY_KILL_IN_STAGE="card"), capture_output=True,
-                            text=True, timeout=1500, cwd=ROOT)
-    assert killed.returncode == -9, killed.stderr[-3000:]
-    (run,) = out.glob("audit-*")
-    assert not (run / "card" / "_DONE.json").exists() and (run / "card" / "partial.tmp").exists()
-    before_kill = {p.parent.name: p.stat().st_mtime for p in run.glob("*/_DONE.json")}
-    assert set(before_kill) >= {"split", "base", "perturb", "shadow", "collect_shadow"}
-    audit(*corpus)
-    assert {p.parent.name: p.stat().st_mtime for p in run.glob("*/_DONE.json") if p.parent.name in before_kill} \
-        == before_kill
-    report = json.loads((run / "report.json").read_text())
-    s = report["summary"]
-    assert s["n_tasks"] == 32 and sum(s["verdicts"].values()) == 32
-    lf = s["leaked_fraction"]
-    assert lf["truth"] == 0.25
-    # against the prebuilt tiny-alt reference the self-calibrated route sees the planted 25% even on
-    # 32 tasks (measured: 27.7% [15.5%, 40.7%]; with a 30-step stand-in reference it could not tell).
-    # docs/AUDIT.md has the validation matrix.
-    assert s["self_calibrated"]["n_tasks"] == 32 and s["self_calibrated"]["usable"]
-    assert lf["route"] == "self-calibrated" and lf["ci"][0] <= lf["truth"] <= lf["ci"][1]
-    assert abs(lf["estimate"] - lf["truth"]) <= 0.10 and s["verdicts"]["suspected"] >= 1
-    assert set(s["crossfit"]["detectors"]) == {"cgmia", "advprompt"}  # learned: scored only held-out tasks
-    card = json.loads((run / "card" / "card.json").read_text())
-    assert {"toy", "advprompt"} <= set(card["detectors"])  # a plug-in and AdvPrompt-MIA are in the card
-    assert {"toy", "advprompt"} <= set(report["truth"]["target_auc"])  # and scored in the audit
-    assert report["truth"]["target_auc"]["ref_loss"] >= 0.9  # the planted leak is real
-    samples = pq.read_table(run / "samples.parquet").to_pylist()
-    assert len(samples) == 32 and {r["verdict"] for r in samples} <= {"confirmed", "suspected", "clean"}
-    confirmed = [r for r in samples if r["verdict"] == "confirmed"]
-    assert [r["task_id"] for r in confirmed] == ["HumanEval/0"] and max(confirmed[0]["jaccard"], confirmed[0]["containment"]) >= 0.7
-    assert "copy_he0.py" in confirmed[0]["evidence"]
-    assert all(0 <= r["probability"] <= 1 for r in samples)
-    removed = (run / "cleaned" / "removed_ids.txt").read_text().split()
-    assert len(removed) == s["inflation"]["n_flagged"] == s["verdicts"]["suspected"] + 1
-    assert (run / "cleaned" / "HumanEval.jsonl.gz").exists() and (run / "report.html").exists()
-    assert (run / "report.md").read_text().startswith("# leakray audit")
-
-    # the card reused on a given target (the planted model, by path) over 8 of the tasks: no shadow,
-    # no detector fitting, and per task the very scores the card-building audit gave (a second
-    # 32-task collection would double this test's time for the same check)
-    audit("--card", str(run / "card"), "--target", str(run / "target" / "model"), "--set", "benchmark.limit=8")
-    (reuse,) = [d for d in out.glob("audit-*") if d != run]
-    assert not (reuse / "shadow").exists() and not (reuse / "card").exists() and not (reuse / "target").exists()
-    r2 = json.loads((reuse / "report.json").read_text())
-    assert r2["summary"]["card"] == s["card"] and r2["summary"]["n_tasks"] == 8
-    assert "truth" not in r2["summary"]["leaked_fraction"]  # a given target's membership is unknown
-    a = pq.read_table(run / "scores.parquet").to_pandas().drop(columns="member")
-    b = pq.read_table(reuse / "scores.parquet").to_pandas().drop(columns="member")
-    a = a[a.task_id.isin(set(b.task_id))]
-    assert len(b) == len(a) > 0
-    key = ["detector", "task_id"]
-    a, b = a.sort_values(key).reset_index(drop=True), b.sort_values(key).reset_index(drop=True)
-    assert a[key].equals(b[key])
-    # the same model and card: the same scores, up to float32 rounding of another batch size; a
-    # learned detector's own training tasks are NaN (cross-fitting) in both
-    np.testing.assert_allclose(a["score"].to_numpy(), b["score"].to_numpy(), rtol=1e-6, atol=1e-6)
