@@ -25,9 +25,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The modules whose tests run on the real head (`ray_head`): one xdist worker runs them one after
 # another, on one head for the suite, while the other workers share out the rest. Side by side on
 # two heads (two end-to-end protocols, each with two CPUs of Ray workers, on a 2-core machine) they
-# took 2-3.5x their time alone. The grouping is by module because the controller sees only node
+# took 1.6-3.6x their time alone. The grouping is by module because the controller sees only node
 # ids: xdist's own `xdist_group` mark does not reach them under pytest 9.2 (xdist 3.8 renames
-# `item._nodeid`, which pytest no longer reads), so it is done here and checked below.
+# `item._nodeid`, which pytest no longer reads: pytest-dev/pytest-xdist#1386, open), so it is done
+# here and checked below.
 RAY_HEAD_MODULES = ("tests/test_e2e.py", "tests/test_faults.py", "tests/test_audit_e2e.py")
 
 
