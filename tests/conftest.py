@@ -32,6 +32,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 RAY_HEAD_MODULES = ("tests/test_e2e.py", "tests/test_faults.py", "tests/test_audit_e2e.py")
 
 
+def _on_the_head(nodeid: str) -> bool:
+    return nodeid.split("::", 1)[0] in RAY_HEAD_MODULES
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: `-p no:xdist` runs the suite without it
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
@@ -40,7 +45,7 @@ def pytest_xdist_make_scheduler(config, log):
         largest, so loadscope's largest-first order starts it at once on the first worker."""
 
         def _split_scope(self, nodeid: str) -> str:
-            return "ray_head" if nodeid.split("::", 1)[0] in RAY_HEAD_MODULES else nodeid
+            return "ray_head" if _on_the_head(nodeid) else nodeid
 
     return RayHeadFirst(config, log)
 
@@ -48,8 +53,8 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_collection_modifyitems(config, items):
     """A test that uses the real head outside RAY_HEAD_MODULES would run beside them on a head of
     its own: refuse the collection instead of silently slowing the suite."""
-    stray = [item.nodeid for item in items if "ray_head" in getattr(item, "fixturenames", ())
-             and item.nodeid.split("::", 1)[0] not in RAY_HEAD_MODULES]
+    stray = [item.nodeid for item in items
+             if "ray_head" in getattr(item, "fixturenames", ()) and not _on_the_head(item.nodeid)]
     if stray:
         raise pytest.UsageError(f"tests on the real head outside RAY_HEAD_MODULES (tests/conftest.py): {stray}")
 
