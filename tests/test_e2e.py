@@ -70,6 +70,8 @@ def test_simulate_job_submit_then_resume(ray_head, tmp_path, leakray_cache):
     assert report["seeds"]["detector"] == [0, 1]
     assert len(report["detectors_full"]["per_seed"]["cgmia"]) == 2
     assert (run_dir / "report.md").read_text().startswith("# leakray simulated-leakage audit")
+    # each fine-tune names the CPU kernels that trained it (a Ray task's process, not the driver's)
+    assert all(report["models"][role]["host"]["torch_cpu_capability"] for role in ("target", "shadow"))
 
     # Same command again, in-process against the same cluster: every stage is marked done.
     done_before = {p.parent.name: p.stat().st_mtime for p in run_dir.glob("*/_DONE.json")}

@@ -98,6 +98,9 @@ def test_write_report_states_thresholds_degenerate_seeds_negatives_intervals_sta
     md = (run / "report.md").read_text()
     head = md.split("## Detectors")[0]
     assert "Sandbox isolation of generated code: **bwrap**" in head
+    env = report["environment"]  # which kernels computed the numbers (they differ across CPUs)
+    assert env["torch_cpu_capability"] and env["cpu"] and env["torch"] and env["python"]
+    assert f"torch's CPU kernels **{env['torch_cpu_capability']}**" in head
     assert "rule `shadow_fpr:0.05`" in md and "chosen on the shadow collection" in md
     assert "| 1 of 2 |" in md and "| 42 |" in md
     assert f"[{cg['auc_ci'][0]:.3f}, {cg['auc_ci'][1]:.3f}]" in md

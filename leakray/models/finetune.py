@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from leakray.models.host import host_fingerprint
 from leakray.models.kernels import fuse_gelu
 
 # Leaf module names of attention q/k/v/o and FFN linears across common architectures.
@@ -158,6 +159,7 @@ def finetune(base: str | Path, texts: list[str], cfg: FinetuneConfig, out_dir: s
         "config": asdict(cfg), "n_texts": len(texts), "steps": total, "loss_per_epoch": history,
         "final_loss": history[-1] if history else math.nan, "parameters": n_params,
         "trainable_parameters": trainable, "seconds": round(time.perf_counter() - t0, 1),
+        "host": host_fingerprint(),  # this process's CPU kernels: the weights' last bits depend on them
     }
     if cfg.method == "lora":
         if out_dir is not None:

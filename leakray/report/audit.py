@@ -18,6 +18,7 @@ from leakray.evaluate import selfcal
 from leakray.evaluate.audit_routes import card_estimate, decide, flags_of
 from leakray.data.registry import benchmark_path
 from leakray.evaluate.inflation import inflation, pass_at_1
+from leakray.models.host import fingerprint_line, host_fingerprint
 from leakray.runs import MARKER, write_json_atomic
 from leakray.schema import C, P, S, T
 
@@ -196,6 +197,7 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
         "truth": {"planted": a.target == "planted", "member_fraction": a.member_fraction,
                   "target_auc": target_auc} if a.target == "planted" else None,
         "cleaned": export, "isolation": isolation, "stages": _stages(run_dir), "timings_s": timings,
+        "environment": host_fingerprint(),  # the driver's host: the scores' kernels (leakray.models.host)
         "config": cfg.model_dump(), "benchmark_file": benchmark_path(cfg.benchmark.name, cfg.benchmark.path),
     }
     write_json_atomic(run_dir / "report.json", report)
@@ -396,6 +398,8 @@ def render_markdown(r: dict) -> str:
     errors = {name: st["errors"] for name, st in (r.get("stages") or {}).items() if st.get("errors")}
     if errors:  # degraded rows, and rows that failed for good (no verdict: ids in <stage>/errors.parquet)
         lines += ["", "Row errors by stage: " + "; ".join(f"{name} {e}" for name, e in errors.items())]
+    if (r.get("environment") or {}).get("cpu"):
+        lines += ["", fingerprint_line(r["environment"])]
     lines += ["", "Per-sample verdicts: samples.parquet and report.html."]
     return "\n".join(lines) + "\n"
 

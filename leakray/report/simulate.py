@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-import platform
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from leakray.models.host import fingerprint_line, host_fingerprint
 from leakray.runs import MARKER, write_json_atomic
 from leakray.schema import C
 
@@ -137,7 +137,8 @@ def write_report(run_dir: Path, cfg: dict, timings: dict) -> dict:
                      "pretrain_steps": base.get("steps"), "val_loss": base.get("val_loss"),
                      "cached": base.get("cached")},
             **{role: {k: stages.get(role, {}).get(k) for k in
-                      ("parameters", "trainable_parameters", "steps", "final_loss", "loss_per_epoch", "n_texts")}
+                      ("parameters", "trainable_parameters", "steps", "final_loss", "loss_per_epoch", "n_texts",
+                       "host")}
                for role in ("target", "shadow")},
         },
         "collections": {role: {k: v for k, v in stages.get(f"collect_{role}", {}).items() if k != "stage"}
@@ -146,7 +147,8 @@ def write_report(run_dir: Path, cfg: dict, timings: dict) -> dict:
                   "shadow": cfg["shadow"].get("seed"), "sample": cfg["sample"].get("seed"),
                   "detector": cfg.get("detect", {}).get("seeds")},
         "config": cfg,
-        "environment": {"python": platform.python_version(), "machine": platform.machine()},
+        # the driver's host; each fine-tune's marker carries the host that trained it (`host`)
+        "environment": host_fingerprint(),
     }
     write_json_atomic(run_dir / "report.json", report)
     (run_dir / "report.md").write_text(render_markdown(report))
@@ -247,6 +249,7 @@ def _ablation_lines(metrics: dict) -> list[str]:
 def render_markdown(r: dict) -> str:
     lines = [f"# leakray simulated-leakage audit — {r['benchmark']['name']}", "", r["protocol"] + ".", "",
              _isolation_line(r.get("isolation") or {}), "",
+             *([fingerprint_line(r["environment"]), ""] if (r.get("environment") or {}).get("cpu") else []),
              "## Detectors on the target (median over seeds)", "",
              "| detector | " + " | ".join(h for _, h in DETECTOR_COLUMNS) + " | " + " | ".join(COST_COLUMNS) + " |",
              "|---" * (len(DETECTOR_COLUMNS) + len(COST_COLUMNS) + 1) + "|"]
