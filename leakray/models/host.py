@@ -6,8 +6,8 @@ but torch (and MKL below it) pick other kernels on another CPU, so fine-tuned we
 in their last bits and fifteen epochs of fine-tuning amplify that. Measured on one host, the
 same code, seeds and cached base (docs/DESIGN.md, "Reproducing a run"): AdvPrompt-MIA's target AUC was
 0.81 with torch's AVX-512 kernels and 0.90 with its AVX2 kernels (`ATEN_CPU_CAPABILITY=avx2`),
-masked span 0.90 and 0.93, CGMIA 0.88 and 0.87. A reader comparing two reports needs to know
-whether such a difference is the code or the host.
+masked span 0.90 and 0.93, CGMIA 0.88 and 0.87; another CPU gave a fourth table. A reader
+comparing two reports needs to know whether such a difference is the code or the host.
 """
 
 from __future__ import annotations
@@ -61,5 +61,5 @@ def fingerprint_line(fp: dict) -> str:
     """One line for a Markdown report."""
     libs = ", ".join(f"{lib} {fp[lib]}" for lib in LIBRARIES if fp.get(lib))
     return (f"Computed on {fp.get('cpu')} ({fp.get('cpus')} CPUs, {fp.get('machine')}), torch's CPU kernels "
-            f"**{fp.get('torch_cpu_capability')}**; Python {fp.get('python')}, {libs}. Numbers repeat on hosts "
-            "with the same kernels; another CPU gives other floating-point results (docs/DESIGN.md).")
+            f"**{fp.get('torch_cpu_capability')}**; Python {fp.get('python')}, {libs}. Numbers repeat on the same "
+            "kind of CPU; another CPU's kernels give other floating-point results (docs/DESIGN.md).")
