@@ -55,7 +55,7 @@ def fresh(root: Path) -> None:
     for name in ("cgmia", "advprompt", "ref_loss", "gt_match"):
         d = r["detectors"].get(name) or {}
         print(f"  {name:<16} AUC {d.get('auc')} {d.get('auc_ci')}")
-    env = r.get("environment") or {}  # the table repeats only on hosts with the same CPU kernels
+    env = r.get("environment") or {}  # the table repeats only on the same kind of CPU
     print(f"  host: {env.get('cpu')}, torch CPU kernels {env.get('torch_cpu_capability')}")
 
 

@@ -20,7 +20,7 @@ def test_fingerprint_names_the_cpu_kernels_and_versions():
 
 
 def test_fingerprint_follows_the_kernels_torch_was_told_to_use():
-    # ATEN_CPU_CAPABILITY chooses torch's kernels (how another host's results are reproduced);
+    # ATEN_CPU_CAPABILITY chooses torch's kernels (docs/DESIGN.md measured the demo with two levels);
     # the fingerprint must report the ones in use, not the CPU's best
     code = "from leakray.models.host import host_fingerprint as h; print(h()['torch_cpu_capability'])"
     got = subprocess.run([sys.executable, "-c", code], env={**os.environ, "ATEN_CPU_CAPABILITY": "default"},

@@ -48,12 +48,8 @@ def host_fingerprint() -> dict:
 def _fingerprint() -> dict:
     import torch
 
-    try:
-        capability = torch.backends.cpu.get_cpu_capability()
-    except AttributeError:  # an older torch
-        capability = None
     return {"python": platform.python_version(), "machine": platform.machine(), "cpu": _cpu_model(),
-            "cpus": os.cpu_count(), "torch_cpu_capability": capability,
+            "cpus": os.cpu_count(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             **{lib: _version(lib) for lib in LIBRARIES}}
 
 
