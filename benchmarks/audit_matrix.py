@@ -10,6 +10,9 @@ Targets (HumanEval, 164 tasks; members drawn by task with a seed the audit never
 - the clean tiny base served through the OpenAI-compatible endpoint backend (truth 0%);
 - `mixcard-*`: the same kinds of target audited with a card whose shadow carries a
   pretraining-mixture leak (`leak.mode=pretrain-mix`, each shadow member read 16 times);
+- `ctrl-*`: the control route — a seeded third of HumanEval (55 tasks) is given as control tasks
+  (`--control`: tasks the target cannot have seen), the audit runs on the other 109; a clean
+  target and pretraining mixtures with 25% of the 109 inserted 4 or 16 times;
 - every target's self-calibrated route again with the *oracle* reference model (the target's own
   pre-leak checkpoint), for comparison with the default non-oracle reference.
 
@@ -47,9 +50,35 @@ TARGETS = {
     "mixcard-d4": ("tiny", "pretrain-mix", 0.25, 4, "tiny+mix16"),
     "mixcard-clean": ("tiny", "none", 0.0, 0, "tiny+mix16"),
     "mixcard-twin-20": ("tiny", "finetune", 0.2, 0, "tiny+mix16"),
+    # the control route: a third of HumanEval given as tasks the target cannot have seen (CONTROL_SEED),
+    # the audit on the rest, members drawn from the rest
+    "ctrl-clean": ("tiny", "none", 0.0, 0, "tiny"),
+    "ctrl-mix-d4": ("tiny", "pretrain-mix", 0.25, 4, "tiny"),
+    "ctrl-mix-d16": ("tiny", "pretrain-mix", 0.25, 16, "tiny"),
 }
 LOG = sys.stderr
 MEMBER_SEED = 31  # not the audit's default seeds: the audit cannot know the members
+CONTROL_SEED, CONTROL_SHARE = 41, 1 / 3  # the ctrl-* rows' control tasks, never in their benchmark
+
+
+def control_split(tasks: list[dict], out: Path) -> tuple[list[dict], Path, Path]:
+    """The ctrl-* rows' benchmark (the tasks outside the control third) and the two files, in
+    HumanEval's own format, that the audit reads (--benchmark humaneval=..., --control ...=...)."""
+    import gzip
+
+    from leakray.data.humaneval import packaged_path
+    from leakray.protocols.audit import split_members
+    from leakray.schema import T
+
+    control = set(split_members([t[T.TASK_ID] for t in tasks], CONTROL_SHARE, CONTROL_SEED))
+    with gzip.open(packaged_path(), "rt") as fh:
+        raw = [json.loads(line) for line in fh if line.strip()]
+    d = out / "control"
+    d.mkdir(parents=True, exist_ok=True)
+    bench, ctrl = d / "benchmark.jsonl", d / "control.jsonl"
+    bench.write_text("".join(json.dumps(r) + "\n" for r in raw if r["task_id"] not in control))
+    ctrl.write_text("".join(json.dumps(r) + "\n" for r in raw if r["task_id"] in control))
+    return [t for t in tasks if t[T.TASK_ID] not in control], bench, ctrl
 
 
 def base_path(cfg, which: str) -> str:
@@ -69,6 +98,8 @@ def build_target(name: str, spec: tuple, cfg, tasks: list[dict], out: Path) -> d
     base, how, fraction, dose, _ = spec
     members = split_members([t[T.TASK_ID] for t in tasks], fraction, MEMBER_SEED)
     key = f"{base}-{how}-{fraction}-{dose}" if how not in ("none", "endpoint") else f"{base}-clean"
+    if name.startswith("ctrl-") and how not in ("none", "endpoint"):
+        key = f"ctrl-{key}"  # members drawn from the control rows' benchmark, not from all 164 tasks
     model = out / "targets" / key
     texts = [training_text(t) for t in tasks if t[T.TASK_ID] in set(members)]
     if how in ("none", "endpoint"):
@@ -115,13 +146,13 @@ def flaky(body: dict, n: int) -> str | None:
     return None
 
 
-def audit(target: dict, spec: tuple, card: Path, out: Path, reference: str) -> Path:
+def audit(target: dict, spec: tuple, card: Path, out: Path, reference: str, extra: list[str] = ()) -> Path:
     from leakray.config import AUDIT_DEFAULTS, AuditConfig, load_config
     from leakray.console import Console
     from leakray.protocols.audit import run_audit
 
     overrides = SETTINGS + [f"audit.card={card}", f"audit.target={target['path']}", f"output_dir={out / 'runs'}",
-                            f"audit.reference_model={reference}"]
+                            f"audit.reference_model={reference}", *extra]
     if spec[1] != "endpoint":
         return run_audit(load_config([AUDIT_DEFAULTS], overrides, AuditConfig), Console(stream=LOG))
     from leakray.models.endpoint_server import CompletionServer, HFBackend
@@ -185,7 +216,16 @@ def row(name: str, spec: tuple, target: dict, report: dict, n_tasks: int, refere
         "why_card": (s.get("card_route") or {}).get("why_unusable"),
         "self_cal": (s.get("self_calibrated") or {}).get("estimate"),
         "card_route": (s.get("card_route") or {}).get("estimate"),
+        "control": _control_cells(s.get("control")),
     }
+
+
+def _control_cells(c: dict | None) -> dict | None:
+    if not c:
+        return None
+    return {"n_control": c.get("n_control"), "estimate": c.get("estimate"), "ci": c.get("ci"),
+            "lower_bound": c.get("lower_bound"), "test_p": (c.get("test") or {}).get("p"), "usable": c.get("usable"),
+            "why": c.get("why_unusable"), "exchangeable": (c.get("exchangeability") or {}).get("ok")}
 
 
 def _pct(v) -> str:
@@ -207,6 +247,26 @@ def markdown(rows: list[dict]) -> str:
     lines += ["", "Why no number, by route:", ""]
     lines += [f"- {r['target']}: self-calibrated — {r['why_self_cal'] or 'used'}; card — {r['why_card'] or 'usable'}"
               for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def control_markdown(rows: list[dict]) -> str:
+    rows = [r for r in rows if r.get("control")]
+    if not rows:
+        return ""
+    lines = ["The control route (control tasks the target cannot have seen; conformal p-values):", "",
+             "| target | truth | printed | control route [95% CI] | at least (one-sided 95%) | benchmark > control "
+             "(Mann–Whitney p) | control tasks like the benchmark's | flagged (of non-members) |", "|" + "---|" * 8]
+    for r in rows:
+        c = r["control"]
+        printed = (f"{_pct(r['estimate'])} [{_pct(r['ci'][0])}, {_pct(r['ci'][1])}] ({r['route']})"
+                   if r["estimate"] is not None else "no share (statement below)")
+        lines.append(f"| {r['target']} | {_pct(r['truth'])} | {printed} | {_pct(c['estimate'])} "
+                     f"[{_pct((c['ci'] or [None])[0])}, {_pct((c['ci'] or [None, None])[1])}] | {_pct(c['lower_bound'])} | "
+                     f"{'–' if c['test_p'] is None else format(c['test_p'], '.2g')} | "
+                     f"{'yes' if c['exchangeable'] else 'no'} | {r['flagged']} ({_pct(r['flagged_clean'])}) |")
+    lines += ["", "What each printed, when no share:", ""]
+    lines += [f"- {r['target']}: {r['statement']}" for r in rows if r["estimate"] is None]
     return "\n".join(lines) + "\n"
 
 
@@ -251,22 +311,26 @@ def main() -> None:
         t = time.perf_counter()
         if spec[4] not in cards:
             cards[spec[4]] = build_card(spec[4], out)
-        target = build_target(name, spec, cfg, tasks, out)
+        audited, extra = tasks, []
+        if name.startswith("ctrl-"):
+            audited, bench_file, control_file = control_split(tasks, out)
+            extra = [f"benchmark.path={bench_file}", f"audit.control=humaneval-control={control_file}"]
+        target = build_target(name, spec, cfg, audited, out)
         other = "tiny-alt" if spec[0] == "tiny" else "tiny"
-        run_dir = audit(target, spec, cards[spec[4]], out, reference=other)
+        run_dir = audit(target, spec, cards[spec[4]], out, reference=other, extra=extra)
         report = json.loads((run_dir / "report.json").read_text())
         report["run_dir"] = str(run_dir)
-        rows.append(row(name, spec, target, report, len(tasks), other))
+        rows.append(row(name, spec, target, report, len(audited), other))
         rows[-1]["seconds"] = round(time.perf_counter() - t, 1)
         print(json.dumps(rows[-1]), flush=True, file=sys.stderr)
         if not args.no_oracle and spec[1] not in ("none", "endpoint"):  # the clean base is its own oracle
             sc = oracle_selfcal(run_dir, cfg, spec[0])
-            truth = len(target["members"]) / len(tasks)
+            truth = len(target["members"]) / len(audited)
             est = sc["estimate"] if sc["usable"] else None
             oracle_rows.append({"target": name, "truth": truth, "estimate": est, "ci": sc["ci"],
                                 "fit_estimate": sc.get("estimate"), "why": sc.get("why_unusable")})
         (out / "matrix.json").write_text(json.dumps({"rows": rows, "oracle": oracle_rows}, indent=1))
-        text = markdown(rows) + "\n" + oracle_markdown(oracle_rows)
+        text = markdown(rows) + "\n" + control_markdown(rows) + "\n" + oracle_markdown(oracle_rows)
         (out / "matrix.md").write_text(text + f"\ntotal {time.perf_counter() - t0:.0f} s; settings {SETTINGS}\n")
     print(text)
 

@@ -391,6 +391,9 @@ class AuditSection(Section):
     detector: str | None = None  # the detector behind probabilities; None: best shadow-validation AUC usable
     card: str | None = None  # a detector card directory to reuse (no shadow fine-tuning)
     corpus: str | None = None  # a readable corpus (glob) to screen the benchmark against in the same run
+    # tasks the target cannot have seen (written after its cutoff, a private split): NAME=PATH or a
+    # benchmark name. The control route measures the null on them (evaluate/control_route.py)
+    control: str | None = None
     # The reference model (calibrated attacks, the self-calibrated route). "auto": a local model that is
     # not the target's base (tiny <-> tiny-alt) for a planted target or a local shadow base; else the
     # shadow's base. Never default to the target's own pre-leak checkpoint: a real audit has none.
@@ -399,11 +402,12 @@ class AuditSection(Section):
     rewrites: int = Field(0, ge=0)  # >0: also the rewrite test (renamed rewrites of each solution; docs/AUDIT.md)
     rewrite_seed: int = 0
     fdr: float = Field(0.1, gt=0, lt=1)  # 'suspected' = q-value <= fdr (expected share of false leaks)
-    lam: float = Field(0.5, gt=0, lt=1)  # the rewrite test's Storey lambda: p-values above it are taken as nulls
+    lam: float = Field(0.5, gt=0, lt=1)  # Storey's lambda (rewrite test, control route): p-values above it are taken as nulls
     max_width: float = Field(0.3, gt=0, le=1)  # either route: no number when its 95% interval is wider
-    # which estimate to print: auto = self-calibrated when its checks hold, else the card's when it
-    # transfers, else a statement; or force one route (still refused when its checks fail)
-    route: Literal["auto", "self-calibrated", "card"] = "auto"
+    # which estimate to print: auto = the control route when control tasks were given and its checks
+    # hold, else self-calibrated when its checks hold, else the card's when it transfers, else a
+    # statement; or force one route (still refused when its checks fail)
+    route: Literal["auto", "control", "self-calibrated", "card"] = "auto"
 
     @field_validator("reference_model")
     @classmethod

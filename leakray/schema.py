@@ -255,6 +255,29 @@ def rewrite_scores_schema() -> pa.Schema:
                       (R.REFERENCE_ORIGINAL, f64), (R.REFERENCE_REWRITES, pa.list_(f64))])
 
 
+class K:
+    """The control route's scores (`control_scores.parquet`): every benchmark task and every control
+    task (tasks the target cannot have seen) scored by the same code under the target and the
+    reference model. Log-likelihoods are sums over tokens (comparable across tokenizers); the prompt's
+    is `RefScores.context_logprob` (its first token aside)."""
+
+    TASK_ID = T.TASK_ID
+    SET = "set"  # "benchmark" or "control"
+    CHARS = "chars"  # characters of prompt + solution: the statistic is per character
+    TARGET_SOLUTION = "target_solution"  # log p_target(solution | prompt)
+    TARGET_PROMPT = "target_prompt"  # log p_target(prompt)
+    REFERENCE_SOLUTION = "reference_solution"  # the same under the reference model
+    REFERENCE_PROMPT = "reference_prompt"
+    REASON = "reason"  # "" when scored; else why not
+
+
+def control_scores_schema() -> pa.Schema:
+    f64 = pa.float64()
+    return pa.schema([(K.TASK_ID, pa.string()), (K.SET, pa.string()), (K.CHARS, pa.int64()),
+                      (K.TARGET_SOLUTION, f64), (K.TARGET_PROMPT, f64), (K.REFERENCE_SOLUTION, f64),
+                      (K.REFERENCE_PROMPT, f64), (K.REASON, pa.string())])
+
+
 class S:
     """Scores a detector writes: one row per task."""
 

@@ -85,6 +85,8 @@ def test_audit_flags_are_config_overrides():
                                       "--shadow-base", "b/y", "--card", "/c", "--corpus", "/k/*.py"])
     assert audit_overrides(args) == ["audit.target=m/x", "benchmark.name=mbpp", "benchmark.path=/d/m.jsonl",
                                      "model.base=b/y", "audit.card=/c", "audit.corpus=/k/*.py"]
+    args = build_parser().parse_args(["audit", "--control", "fresh=/d/new.jsonl"])
+    assert audit_overrides(args) == ["audit.control=fresh=/d/new.jsonl"]
 
 
 def test_audit_refuses_bad_input(tmp_path):
@@ -93,3 +95,5 @@ def test_audit_refuses_bad_input(tmp_path):
     assert main(["audit", "--card", str(tmp_path)]) == 2  # not a card
     assert main(["audit", "--set", "audit.member_fraction=1.5"]) == 2
     assert main(["audit", "--set", "audit.detector=cgmai"]) == 2
+    assert main(["audit", "--control", f"fresh={tmp_path / 'missing.jsonl'}", "--output", str(tmp_path)]) == 2
+    assert not (tmp_path / "runs").exists() and not list(tmp_path.glob("audit-*"))  # refused before any work

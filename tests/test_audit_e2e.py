@@ -74,7 +74,13 @@ def test_audit_end_to_end_then_reuse_card(ray_head, tmp_path, leakray_cache):
     # the card reused on a given target (the planted model, by path) over 8 of the tasks: no shadow,
     # no detector fitting, and per task the very scores the card-building audit gave (a second
     # 32-task collection would double this test's time for the same check)
-    audit("--card", str(run / "card"), "--target", str(run / "target" / "model"), "--set", "benchmark.limit=8")
+    # with control tasks (40 HumanEval tasks outside the audited 8, under new ids): the control route's
+    # stage and report run; 8 benchmark tasks are too few for its number, so it says so and defers
+    control = tmp_path / "control.jsonl"
+    control.write_text("".join(json.dumps({**r, "task_id": f"Fresh/{i}"}) + "\n"
+                               for i, r in enumerate(_humaneval_records()[40:80])))
+    audit("--card", str(run / "card"), "--target", str(run / "target" / "model"), "--set", "benchmark.limit=8",
+          "--control", f"fresh={control}")
     (reuse,) = [d for d in out.glob("audit-*") if d != run]
     assert not (reuse / "shadow").exists() and not (reuse / "card").exists() and not (reuse / "target").exists()
     r2 = json.loads((reuse / "report.json").read_text())
@@ -90,3 +96,18 @@ def test_audit_end_to_end_then_reuse_card(ray_head, tmp_path, leakray_cache):
     # the same model and card: the same scores, up to float32 rounding of another batch size; a
     # learned detector's own training tasks are NaN (cross-fitting) in both
     np.testing.assert_allclose(a["score"].to_numpy(), b["score"].to_numpy(), rtol=1e-6, atol=1e-6)
+    scored = pq.read_table(reuse / "control_scores" / "control_scores.parquet").to_pylist()
+    assert [r["set"] for r in scored] == ["benchmark"] * 8 + ["control"] * 40 and not any(r["reason"] for r in scored)
+    c = r2["summary"]["control"]
+    assert c["n_control"] == 40 and c["n_tested"] == 8 and not c["usable"] and "30 of each needed" in c["why_unusable"]
+    assert r2["summary"]["leaked_fraction"]["route"] != "control"
+    assert "- control route (8 tasks against 40 control tasks" in (reuse / "report.md").read_text()
+
+
+def _humaneval_records() -> list[dict]:
+    import gzip
+
+    from leakray.data.humaneval import packaged_path
+
+    with gzip.open(packaged_path(), "rt") as fh:
+        return [json.loads(line) for line in fh if line.strip()]

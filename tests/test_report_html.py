@@ -256,3 +256,14 @@ def test_simulate_report_renders_in_chromium(browser, tmp_path):
     names = [r.find_element(By.TAG_NAME, "td").text for r in rows]
     assert names == ["zlib", "cgmia", "advprompt"]  # by wall time; missing ones last
     _no_console_errors(browser)
+
+
+def test_the_control_route_card_shows_numbers_only_where_its_null_held():
+    held = {"estimate": 0.229, "ci": [0.046, 0.431], "n_control": 55, "lower_bound": 0.083, "detected": True,
+            "test": {"p": 0.0073}, "usable": False, "why_unusable": f"interval too wide {HOSTILE}"}
+    page = rh.render_audit({"summary": {"control": held}}, [])
+    assert "control route (measured null)" in page and "22.9%" in page and "at least 8.3%" in page
+    assert "Mann–Whitney p 0.007" in page and "&lt;script&gt;window.__pwned" in page
+    broken = {**held, "detected": None, "why_unusable": "the control tasks are not the benchmark's kind"}
+    page = rh.render_audit({"summary": {"control": broken}}, [])
+    assert "22.9%" not in page and "Mann–Whitney" not in page and "not the benchmark&#x27;s kind" in page

@@ -71,6 +71,8 @@ def audit_overrides(args) -> list[str]:
         out.append(f"audit.card={args.card}")
     if getattr(args, "corpus", None):
         out.append(f"audit.corpus={args.corpus}")
+    if getattr(args, "control", None):
+        out.append(f"audit.control={args.control}")
     return out
 
 
@@ -103,6 +105,9 @@ def register(sub) -> None:
     p.add_argument("--reference-model", help="reference model, not the target's own checkpoint (default: auto)")
     p.add_argument("--card", help="reuse a detector card (leakray card build): no shadow fine-tuning")
     p.add_argument("--corpus", help="screen the benchmark against this corpus (glob) and fuse the evidence")
+    p.add_argument("--control", metavar="NAME[=PATH]",
+                   help="tasks of the benchmark's kind the target cannot have seen (written after its cutoff, a "
+                        "private split): the control route measures the null on them")
     p.add_argument("--quick", action="store_true", help="smoke-sized audit: " + " ".join(AUDIT_QUICK))
     p.set_defaults(func=run_audit_cmd)
 

@@ -1,13 +1,17 @@
 """Which number an audit prints, and the verdicts that go with it: one story per audit.
 
-Two routes estimate the leaked fraction:
+Three routes estimate the leaked fraction:
+- **control** (`control_route`): with control tasks the target cannot have seen, the null is
+  measured on them (conformal p-values), not assumed; first whenever its check holds.
 - **self-calibrated** (`selfcal`): the target's likelihood of each solution relative to a reference
   model, with the null fitted on the target's own scores, so it needs no shadow that resembles the
   target. Needs the target's log-probabilities of given text.
 - **card** (`card_route`): a shadow-trained detector's scores with the card's cut and error rates.
   Holds only where the target's scores are on the shadow's scale (checked by `transfer_check`).
 
-`auto` prints the self-calibrated estimate when its checks hold; else the card's when the card
+`auto` prints the control route's estimate when control tasks were given and they are the
+benchmark's kind; if its interval is too wide its test and lower bound are the answer (no other
+route's share overrules a measured null). Otherwise the self-calibrated estimate when its checks hold; else the card's when the card
 transfers — unless the self-calibrated route found the target's scores ambiguous (one normal fits:
 clean, or a faint leak), which no card of a stronger leak can settle (a card whose shadow carries a
 pretraining-mixture leak can, with a caveat naming its dose); else no number, with the reasons.
@@ -83,12 +87,22 @@ def knows_faint_leaks(card_leak: dict | None) -> bool:
 
 
 def decide(selfcal_result: dict | None, card_result: dict | None, route: str = "auto",
-           card_leak: dict | None = None) -> dict:
+           card_leak: dict | None = None, control_result: dict | None = None) -> dict:
     """The leaked fraction the audit prints (or the statement that it cannot), and which route's
-    verdicts the per-sample table uses. ``card_leak``: how the card's shadow saw its members."""
+    verdicts the per-sample table uses. ``card_leak``: how the card's shadow saw its members.
+    ``control_result``: the control route's, when control tasks were given."""
+    if control_result is not None and route in ("auto", "control"):
+        if control_result.get("usable"):  # its null is measured, not assumed: first when it holds
+            return {"route": "control", "estimate": control_result["estimate"], "ci": control_result["ci"],
+                    "statement": None, "lower_bound": control_result.get("lower_bound"), "flags_from": "control"}
+        if route == "control" or control_result.get("detected") is not None:
+            # the control tasks are the benchmark's kind, but the share is not pinned down: no other
+            # route's share may overrule a measured null (a faint leak the assumed nulls miss is
+            # exactly what it sees); its test and lower bound are the answer
+            return _control_statement(control_result)
     options = {"self-calibrated": selfcal_result, "card": card_result}
     order = ["self-calibrated", "card"] if route == "auto" else [route]
-    reasons = []
+    reasons = ["control: " + control_result["why_unusable"]] if control_result is not None else []
     if route == "auto" and selfcal_result and selfcal_result.get("ambiguous") and card_result \
             and card_result.get("usable") and knows_faint_leaks(card_leak):
         # The target's own scores leave a faint leak open, and this card was trained on one: its cut,
@@ -124,8 +138,33 @@ def decide(selfcal_result: dict | None, card_result: dict | None, route: str = "
             "statement": "the audit cannot estimate the leaked fraction for this target — " + " | ".join(reasons)}
 
 
-def flags_of(decision: dict, selfcal_result: dict | None, card_result: dict | None, n: int) -> np.ndarray:
-    """Per task: suspected by the route that gave the number; none when no number was given."""
+def _control_statement(c: dict) -> dict:
+    """No share from the control route: its test and lower bound when its null holds, else why not."""
+    out = {"route": None, "estimate": None, "ci": [None, None], "control_test": c.get("test"),
+           "lower_bound": c.get("lower_bound")}
+    if c.get("detected") is None:  # too few tasks, or the control tasks are not the benchmark's kind
+        return {**out, "statement": "the audit cannot estimate the leaked fraction for this target — control: "
+                                    + str(c.get("why_unusable"))}
+    out["flags_from"] = "control"  # its null holds: its flags control the FDR with or without a share
+    p = c["test"]["p"]
+    head = (f"the benchmark's tasks score above the control tasks (one-sided Mann–Whitney p {p:.2g}): the target "
+            f"has seen part of the benchmark, at least {c['lower_bound']:.1%} of its tasks (one-sided 95% bound)"
+            if c["detected"] else
+            f"the benchmark's tasks do not score significantly above the control tasks (one-sided Mann–Whitney p "
+            f"{p:.2g}): no leak shown, and none excluded")
+    lo, hi = c["ci"]
+    return {**out, "statement": f"{head}; the leaked fraction itself is not pinned down: the control route's "
+                                f"{c['estimate']:.1%} has the 95% interval {lo:.1%}–{hi:.1%}, wider than "
+                                f"{c['max_width']:.0%}"}
+
+
+def flags_of(decision: dict, selfcal_result: dict | None, card_result: dict | None, n: int,
+             control_result: dict | None = None) -> np.ndarray:
+    """Per task: suspected by the route that gave the number; none when no number was given —
+    except the control route's, whose flags (Benjamini–Hochberg on conformal p-values) control the
+    FDR whenever its null holds, with or without a share."""
+    if decision.get("flags_from") == "control":
+        return np.asarray(control_result["per_task"]["flagged"], bool)
     if decision["route"] == "self-calibrated":
         return np.asarray(selfcal_result["per_task"]["flagged"], bool)
     if decision["route"] == "card":

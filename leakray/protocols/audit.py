@@ -2,8 +2,9 @@
 its score. A list of resumable stages on the same runner as the simulated-leak protocol.
 
 split (shadow half, planted members) -> base -> [shadow -> collect_shadow -> card] unless a card
-is reused -> target (planted only) -> collect_target (the whole benchmark) -> screen (with a
-corpus) -> verdicts: calibrated probability, verdict, leaked fraction, inflation, cleaned export.
+is reused -> target (planted only) -> collect_target (the whole benchmark) -> control_scores (with
+control tasks) -> screen (with a corpus) -> verdicts: calibrated probability, verdict, leaked
+fraction, inflation, cleaned export.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from leakray.protocols.simulate import (base_model, collect_config, load_tasks, 
                                         training_text)
 from leakray.runs import StageRunner, StageSpec, Together, content_hash, write_json_atomic
 from leakray.storage import is_uri, local_copy
-from leakray.schema import C, R, T
+from leakray.schema import C, K, R, T
 
 CARD_STAGES = ("shadow", "collect_shadow", "card")
 
@@ -125,6 +126,21 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
         tested = sum(1 for r in table.column(R.REASON).to_pylist() if not r)
         return {"rows_in": len(tasks), "rows_out": tested, "reference_model": ref}
 
+    def control_stage(out: Path) -> dict:
+        from leakray.executor.runtime import run_task
+        from leakray.protocols.control_scores import control_scores, load_control, write_control_scores
+
+        control = load_control(a.control, tasks)
+        ref = target_reference(cfg)
+        args = (tasks, control, target_model(), to_stage(cfg.sample), model_path(cfg, ref))
+        # as the rewrite test: the driver may have no GPU, then one Ray task holds both models in turn
+        table = run_task(control_scores, *args, engine="ray" if cfg.ray.use_gpu else "local", num_gpus=1)
+        write_control_scores(table, out)
+        scored = sum(1 for r, s in zip(table.column(K.REASON).to_pylist(), table.column(K.SET).to_pylist())
+                     if not r and s == "control")
+        return {"rows_in": len(tasks) + len(control), "rows_out": table.num_rows, "control_tasks": len(control),
+                "control_scored": scored, "reference_model": ref}
+
     def card_stage(out: Path) -> dict:
         from leakray.protocols.card import build_card
 
@@ -182,6 +198,10 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
         stages.append(StageSpec("rewrite_scores", rewrite_stage,
                                 lambda i: f"{i['rows_out']} tasks scored against their rewrites "
                                           f"(reference model {i['reference_model']})"))
+    if a.control:
+        stages.append(StageSpec("control_scores", control_stage,
+                                lambda i: f"{i['control_scored']} of {i['control_tasks']} control tasks scored beside the "
+                                          f"benchmark (reference model {i['reference_model']})"))
     if a.corpus:
         stages.append(StageSpec("screen", screen_stage, lambda i: f"{i['rows_out']} samples with a near-duplicate"))
     return stages
@@ -259,6 +279,12 @@ def run_audit(cfg: AuditConfig, console: Console | None = None, card_only: bool 
     card_dir = (local_copy(card) if is_uri(card) else Path(card).expanduser().resolve()) if card else None
     card_id = DetectorCard(card_dir).id if card_dir else None
     digest = content_hash([[t[T.TASK_ID], t[T.PROMPT], t[T.REFERENCE], t[T.TESTS]] for t in tasks])
+    if cfg.audit.control and not card_only:  # read before any work: a bad control set fails now, not hours later
+        from leakray.protocols.control_scores import load_control
+
+        control = load_control(cfg.audit.control, tasks)
+        # the run is keyed by the control set's content too: another file at the same path is another audit
+        digest = content_hash(digest, [[t[T.TASK_ID], t[T.PROMPT], t[T.REFERENCE]] for t in control])
     if card_only:  # a card depends on the shadow's side only: the same card serves any target
         if card_dir:
             raise BadInput("card build makes a card; it cannot reuse one", field="audit.card")

@@ -140,8 +140,10 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
     card_result = card_estimate(score, val_y, val_s, prob, float(val_y.mean()), fdr=a.fdr, seed=a.shadow_seed,
                                 n_boot=min(a.bootstrap, 200), max_width=a.max_width)
     selfcal_result = self_calibrated(target, a)
-    decision = decide(selfcal_result, card_result, a.route, card_leak=card.meta["shadow"].get("leak"))
-    suspected = flags_of(decision, selfcal_result, card_result, len(task_ids)) & ~confirmed
+    control_result = control_route(run_dir, task_ids, a)
+    decision = decide(selfcal_result, card_result, a.route, card_leak=card.meta["shadow"].get("leak"),
+                      control_result=control_result)
+    suspected = flags_of(decision, selfcal_result, card_result, len(task_ids), control_result) & ~confirmed
     verdict = np.where(confirmed, "confirmed", np.where(suspected, "suspected", "clean"))
     if (member >= 0).all():
         decision["truth"] = float(member.mean())
@@ -150,8 +152,10 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
     pass1 = pass_at_1(target)
     infl = inflation(pass1, verdict != "clean", n_boot=a.bootstrap, seed=a.shadow_seed)
     infl["null"] = inflation_null(card, task_ids, verdict != "clean", infl, a)
-    p_task = _per_task(selfcal_result, len(task_ids), "p")
-    q_task = _per_task(selfcal_result, len(task_ids), "q")
+    # one story: the p- and q-values beside the verdicts are the flagging route's own
+    pq_route = control_result if decision.get("flags_from") == "control" else selfcal_result
+    p_task = _per_task(pq_route, len(task_ids), "p")
+    q_task = _per_task(pq_route, len(task_ids), "q")
     closest, similarity = closest_completion(target)
 
     by_id = {t[T.TASK_ID]: t for t in tasks}
@@ -177,9 +181,12 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
             "access": access, "detectors_run": sorted(scores),
             "leaked_fraction": decision, "inflation": infl,
             "self_calibrated": _public(selfcal_result), "card_route": _public(card_result),
+            "control": _public(control_result),
             "rewrite_test": rewrite_test(run_dir, task_ids, a),
             "crossfit": crossfit, "suspected_means": f"q-value <= {a.fdr} (expected share of false leaks among the "
-                                                    "suspected samples), from the route that gave the number",
+                                                    "suspected samples), from the route that gave the number"
+                                                    + (" (the control route: Benjamini–Hochberg on conformal p-values)"
+                                                       if pq_route is control_result else ""),
             "verdicts": {v: int((verdict == v).sum()) for v in VERDICTS},
             "reference_model": _stage_info(run_dir, "collect_target").get("reference_model"),
             "shadow_vs_target": shadow_vs_target(card, cfg),
@@ -234,6 +241,17 @@ def self_calibrated(target: pa.Table, a) -> dict:
     return selfcal.estimate_empirical(lr["task_id"], lr["s"], lr["why"], fdr=a.fdr, n_boot=min(a.bootstrap, 300),
                                       seed=a.shadow_seed, max_width=a.max_width,
                                       **({"statistic": lr["statistic"]} if lr["statistic"] else {}))
+
+
+def control_route(run_dir: Path, task_ids: list[str], a) -> dict | None:
+    """The control route (audit.control): the benchmark's statistics against the control tasks'."""
+    from leakray.evaluate.control_route import FILE, estimate_from_table
+
+    path = run_dir / "control_scores" / FILE
+    if not path.exists():
+        return None
+    return estimate_from_table(pq.read_table(path), task_ids, lam=a.lam, fdr=a.fdr, n_boot=min(a.bootstrap, 300),
+                               seed=a.shadow_seed, max_width=a.max_width)
 
 
 def rewrite_test(run_dir: Path, task_ids: list[str], a) -> dict | None:
@@ -365,6 +383,7 @@ def render_markdown(r: dict) -> str:
         + (f"{_f(sc.get('estimate'), True)} ({_f((sc.get('ci') or [None])[0], True)}–"
            f"{_f((sc.get('ci') or [None, None])[1], True)})" if sc.get("estimate") is not None else "–")
         + ("" if sc.get("usable") else f" — not used: {sc.get('why_unusable')}"),
+        *([_control_line(s["control"])] if s.get("control") else []),
         f"- access: {s.get('access', '–')} — detectors run: {', '.join(s.get('detectors_run') or []) or 'none'}",
         f"- card route ({s['primary_detector']}, rates off the rows that chose its cut; the card's shadow "
         f"{_leak_words((s.get('shadow_vs_target') or {}).get('shadow_leak'))}): "
@@ -402,6 +421,19 @@ def render_markdown(r: dict) -> str:
         lines += ["", fingerprint_line(r["environment"])]
     lines += ["", "Per-sample verdicts: samples.parquet and report.html."]
     return "\n".join(lines) + "\n"
+
+
+def _control_line(c: dict) -> str:
+    test = c.get("test") or {}
+    ex = c.get("exchangeability") or {}
+    return (f"- control route ({c.get('n_tested', 0)} tasks against {c.get('n_control', 0)} control tasks, conformal "
+            "p-values): "
+            + (f"{_f(c.get('estimate'), True)} ({_f(c['ci'][0], True)}–{_f(c['ci'][1], True)}), at least "
+               f"{_f(c.get('lower_bound'), True)} (one-sided 95%); benchmark > control: Mann–Whitney p "
+               f"{test['p']:.2g}" if test and c.get("detected") is not None else "–")
+            + (f"; control tasks like the benchmark's (KS p {ex['reference_loglik_per_char']['p']:.2g} on the reference "
+               f"model's likelihood, {ex['log_length']['p']:.2g} on length)" if ex.get("ok") else "")
+            + ("" if c.get("usable") else f" — not used: {c.get('why_unusable')}"))
 
 
 def closest_completion(table: pa.Table) -> tuple[list[str | None], list[float | None]]:

@@ -288,13 +288,21 @@ def _summary_cards(summary: Mapping) -> str:
                          + (f" · confirmed share {pct(lf.get('confirmed_share'))}"
                             if _num(lf.get("confirmed_share")) is not None else "")
                          + (f"<br>{escape(lf['caveat'])}" if lf.get("caveat") else ""))
+    ctl = summary.get("control")
+    valid = bool(ctl) and ctl.get("detected") is not None  # its null held: its numbers mean something
+    control = [_card("control route (measured null)", pct(ctl.get("estimate")) if valid else DASH,
+                     " · ".join(x for x in (_interval(ctl.get("ci"), pct) if valid else "",
+                                            f"{fmt(ctl.get('n_control'))} control tasks") if x)
+                     + (f"<br>benchmark &gt; control: Mann–Whitney p {fmt((ctl.get('test') or {}).get('p'))}; at least "
+                        f"{pct(ctl.get('lower_bound'))} (one-sided 95%)" if valid else "")
+                     + ("" if ctl.get("usable") else f"<br>{escape(str(ctl.get('why_unusable')))}"))] if ctl else []
     routes = _card("the two routes", f"{pct(sc.get('estimate'))} / {pct(cr.get('estimate'))}",
                    f"self-calibrated (reference model {escape(str(summary.get('reference_model')))}) / card ("
                    + ("transfers" if (cr.get("transfer") or {}).get("ok") else "does not transfer") + ")"
                    + "".join(f"<br>{escape(r)}: {escape(str(x.get('why_unusable')))}"
                              for r, x in (("self-calibrated", sc), ("card", cr)) if x and not x.get("usable")))
     cards = [
-        headline, routes,
+        headline, *control, routes,
         _card("score inflation (flagged / clean pass@1)", DASH if ratio is None else f"{ratio:.2f}×",
               " ".join(x for x in (_interval(infl.get("ratio_ci"), lambda v: f"{v:.2f}×"),) if x)
               + f"<br>pass@1 flagged {fmt(infl.get('pass1_flagged'))} (n={fmt(infl.get('n_flagged'))}) · "

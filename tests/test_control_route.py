@@ -1,0 +1,178 @@
+"""The control route (evaluate/control_route.py, protocols/control_scores.py): the null measured on
+tasks the target cannot have seen. Synthetic scores for the statistics (clean, leaked, a control
+of another kind), a toy model that memorised one solution for the scoring pass."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from scipy import stats
+
+from leakray.errors import BadInput
+from leakray.evaluate import audit_routes
+from leakray.evaluate import control_route as cr
+from leakray.schema import K, T, control_scores_schema
+
+
+def _sets(rng, n=400, m=400, members=0.0, shift=2.5, ref_shift=0.0):
+    """Benchmark and control scores from one null; a share of the benchmark shifted up (members).
+    The reference model's per-character likelihood and the lengths follow the tasks' kind only."""
+    null = lambda k: rng.gamma(3.0, 0.05, k)  # skewed, not normal: nothing may assume a normal null
+    n_mem = int(round(members * n))
+    s = np.r_[null(n - n_mem), null(n_mem) + shift * 0.087]
+    member = np.r_[np.zeros(n - n_mem, bool), np.ones(n_mem, bool)]
+    c = null(m)
+    kw = dict(ref_bench=rng.normal(-1.0, 0.2, n), ref_control=rng.normal(-1.0 + ref_shift, 0.2, m),
+              len_bench=rng.lognormal(6, 0.4, n), len_control=rng.lognormal(6, 0.4, m))
+    return s, c, member, kw
+
+
+def _estimate(s, c, kw, **more):
+    return cr.estimate_control([f"t{i}" for i in range(len(s))], s, [""] * len(s), c, n_boot=200, **kw, **more)
+
+
+def test_conformal_pvalues_and_bh_by_hand():
+    p = cr.conformal_pvalues([0.0, 1.5, 3.0, 5.0], [1.0, 2.0, 3.0])
+    assert p.tolist() == [1.0, 0.75, 0.5, 0.25]  # (1 + #{c >= x}) / (m + 1): ties count as at least as large
+    assert cr.bh_flags([0.001, 0.02, 0.03, 0.5], 0.1).tolist() == [True, True, True, False]  # 0.03 <= 0.1 * 3/4
+    assert cr.bh_flags([0.2, 0.3], 0.1).tolist() == [False, False]
+    assert cr.leaked_share([0.1, 0.2, 0.6, 0.9], 0.5) == 0.0  # 2 of 4 above 0.5: pi0 = 1
+    assert cr.leaked_share([0.1, 0.2, 0.3, 0.9], 0.5) == pytest.approx(0.5)
+
+
+def test_clean_benchmark_gets_uniform_pvalues_no_leak_and_no_flags():
+    """Across seeds: p-values uniform, the test does not fire more than its level allows, the share ~0."""
+    rng = np.random.default_rng(0)
+    fired, refused, estimates = 0, 0, []
+    for _ in range(20):
+        s, c, _, kw = _sets(rng)
+        out = _estimate(s, c, kw)
+        if not out["exchangeability"]["ok"]:  # two KS tests at 1%: a false alarm now and then, never a number
+            refused += 1
+            assert not out["usable"] and out["detected"] is None and out["n_flagged"] == 0
+            continue
+        assert out["usable"] and out["n_flagged"] <= 0.05 * len(s)
+        assert out["ci"][0] == 0.0 and out["estimate"] <= 0.10
+        fired += out["detected"]
+        estimates.append(out["estimate"])
+    assert refused <= 2 and fired <= 3  # 5% level over 20 clean benchmarks
+    assert np.mean(estimates) <= 0.05
+    s, c, _, kw = _sets(rng)
+    p = _estimate(s, c, kw)["per_task"]["p"]
+    assert stats.kstest(p, "uniform").pvalue > 0.01
+
+
+def test_a_quarter_leaked_is_detected_and_estimated_within_ten_points():
+    rng = np.random.default_rng(1)
+    s, c, member, kw = _sets(rng, n=600, m=600, members=0.25, shift=4.0)
+    out = _estimate(s, c, kw)
+    assert out["detected"] and out["test"]["p"] < 1e-6
+    assert out["usable"] and abs(out["estimate"] - 0.25) <= 0.10 and out["ci"][0] <= 0.25 <= out["ci"][1]
+    assert 0 < out["lower_bound"] <= 0.25
+    flagged = out["per_task"]["flagged"]
+    assert flagged.sum() > 0 and (flagged & ~member).sum() <= 0.2 * flagged.sum()  # FDR 0.1, with slack
+    d = audit_routes.decide({"usable": True, "estimate": 0.9, "ci": [0.8, 1.0]}, None, "auto", control_result=out)
+    assert d["route"] == "control" and d["estimate"] == out["estimate"]  # the measured null goes first
+    assert audit_routes.flags_of(d, None, None, len(s), out).tolist() == flagged.tolist()
+
+
+def test_a_faint_leak_on_few_tasks_is_detected_with_a_bound_and_no_share():
+    """Too few tasks to pin the share (interval wider than max_width): the audit says the target has
+    seen the benchmark, with a lower bound, and prints no share — nor lets another route print one."""
+    rng = np.random.default_rng(2)
+    s, c, _, kw = _sets(rng, n=110, m=55, members=0.25, shift=3.0)
+    out = _estimate(s, c, kw)
+    assert out["detected"] and not out["usable"] and "wider than 30%" in out["why_unusable"]
+    assert out["lower_bound"] > 0
+    d = audit_routes.decide({"usable": True, "estimate": 0.0, "ci": [0.0, 0.05]}, None, "auto", control_result=out)
+    assert d["route"] is None and d["estimate"] is None
+    assert "has seen part of the benchmark" in d["statement"] and d["lower_bound"] == out["lower_bound"]
+    # its flags stand without a share (BH on conformal p-values needs no estimate of the share)
+    assert audit_routes.flags_of(d, None, None, len(s), out).tolist() == out["per_task"]["flagged"].tolist()
+
+
+def test_a_control_of_another_kind_is_refused_and_the_other_routes_decide():
+    rng = np.random.default_rng(3)
+    s, c, _, kw = _sets(rng, ref_shift=0.3)  # the reference model finds the control tasks easier
+    out = _estimate(s, c, kw)
+    assert not out["usable"] and out["detected"] is None and out["n_flagged"] == 0
+    assert "not the benchmark's kind" in out["why_unusable"] and "reference loglik per char" in out["why_unusable"]
+    d = audit_routes.decide({"usable": True, "estimate": 0.2, "ci": [0.1, 0.3]}, None, "auto", control_result=out)
+    assert d["route"] == "self-calibrated" and "flags_from" not in d
+    forced = audit_routes.decide({"usable": True, "estimate": 0.2, "ci": [0.1, 0.3]}, None, "control",
+                                 control_result=out)
+    assert forced["route"] is None and "not the benchmark's kind" in forced["statement"]
+
+
+def test_too_few_control_tasks_are_refused():
+    rng = np.random.default_rng(4)
+    s, c, _, kw = _sets(rng, m=20)
+    out = _estimate(s, c, kw)
+    assert not out["usable"] and out["detected"] is None and "30 of each needed" in out["why_unusable"]
+
+
+def _task(tid, prompt, ref):
+    return {T.TASK_ID: tid, T.BENCHMARK: "toy", T.LANGUAGE: "python", T.PROMPT: prompt, T.REFERENCE: ref,
+            T.TESTS: "", T.RUNNER: "python"}
+
+
+def test_control_tasks_that_are_benchmark_tasks_are_refused(tmp_path):
+    import json
+
+    from leakray.protocols.control_scores import load_control
+
+    bench = [_task("HumanEval/0", "def f(x):\n", "def f(x):\n    return x\n")]
+    rows = [{"task_id": "New/0", "prompt": "def g(y):\n", "canonical_solution": "    return y\n",
+             "test": "def check(candidate):\n    assert candidate(1) == 1\n", "entry_point": "g"},
+            {"task_id": "New/1", "prompt": "def f(x):\n", "canonical_solution": "    return 2 * x\n",
+             "test": "def check(candidate):\n    assert candidate(1) == 2\n", "entry_point": "f"}]
+    path = tmp_path / "control.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(BadInput, match="1 control tasks are benchmark tasks too"):
+        load_control(f"fresh={path}", bench)
+    path.write_text(json.dumps(rows[0]) + "\n")
+    (got,) = load_control(f"fresh={path}", bench)
+    assert got[T.TASK_ID] == "New/0" and got[T.BENCHMARK] == "fresh"
+
+
+def test_statistics_read_the_scores_table_per_character():
+    rows = [{K.TASK_ID: "a", K.SET: "benchmark", K.CHARS: 10, K.TARGET_SOLUTION: -5.0, K.TARGET_PROMPT: -5.0,
+             K.REFERENCE_SOLUTION: -8.0, K.REFERENCE_PROMPT: -6.0, K.REASON: ""},
+            {K.TASK_ID: "b", K.SET: "benchmark", K.CHARS: 10, K.TARGET_SOLUTION: float("nan"), K.TARGET_PROMPT: -1.0,
+             K.REFERENCE_SOLUTION: -1.0, K.REFERENCE_PROMPT: -1.0, K.REASON: "no log-probabilities"},
+            {K.TASK_ID: "c", K.SET: "control", K.CHARS: 20, K.TARGET_SOLUTION: -10.0, K.TARGET_PROMPT: -10.0,
+             K.REFERENCE_SOLUTION: -10.0, K.REFERENCE_PROMPT: -12.0, K.REASON: ""}]
+    st = cr.statistics(pa.Table.from_pylist(rows, schema=control_scores_schema()))
+    assert st["benchmark"]["task_id"] == ["a", "b"] and st["control"]["task_id"] == ["c"]
+    assert st["benchmark"]["s"][0] == pytest.approx(0.4) and np.isnan(st["benchmark"]["s"][1])
+    assert st["control"]["s"][0] == pytest.approx(0.1) and st["control"]["ref"][0] == pytest.approx(-1.1)
+    with pytest.raises(BadInput, match="no control-route scores"):
+        cr.estimate_from_table(pa.Table.from_pylist(rows, schema=control_scores_schema()), ["a", "zzz"])
+
+
+SEEN_P = 'def count_vowels_twice(text):\n    """Count the vowels of text, doubled."""\n'
+SEEN_R = SEEN_P + '    tally = 0\n    for letter in text:\n        if letter in "aeiou":\n            tally += 2\n    return tally\n'
+OTHER_P = 'def longest_word_length(sentence):\n    """Length of the longest word of a sentence."""\n'
+OTHER_R = OTHER_P + '    return max((len(w) for w in sentence.split()), default=0)\n'
+CONTROL_P = 'def sum_of_squares(values):\n    """The sum of the squares of values."""\n'
+CONTROL_R = CONTROL_P + '    return sum(v * v for v in values)\n'
+
+
+def test_the_scoring_pass_puts_a_memorised_task_above_unseen_ones(tiny_lm, tmp_path):
+    """Both sets scored by the same code under the target and the reference: the task the target
+    memorised has the largest statistic; the rows carry the schema and no reason."""
+    from leakray.models.finetune import FinetuneConfig, finetune
+    from leakray.models.sampler import SampleConfig
+    from leakray.protocols.control_scores import control_scores
+
+    target = tmp_path / "memorised"
+    finetune(tiny_lm[0], [SEEN_R], FinetuneConfig(method="full", epochs=20, lr=1e-2, seed=0), target, progress=False)
+    bench = [_task("seen", SEEN_P, SEEN_R), _task("other", OTHER_P, OTHER_R)]
+    table = control_scores(bench, [_task("ctl", CONTROL_P, CONTROL_R)], str(target), SampleConfig(k=1),
+                           str(tiny_lm[0]))
+    assert table.schema == control_scores_schema() and table.column(K.SET).to_pylist() == ["benchmark"] * 2 + ["control"]
+    assert table.column(K.REASON).to_pylist() == ["", "", ""]
+    st = cr.statistics(table)
+    seen, other = st["benchmark"]["s"]
+    assert seen > other and seen > st["control"]["s"][0]
