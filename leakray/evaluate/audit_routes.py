@@ -148,7 +148,8 @@ def _control_statement(c: dict) -> dict:
     out["flags_from"] = "control"  # its null holds: its flags control the FDR with or without a share
     p = c["test"]["p"]
     head = (f"the benchmark's tasks score above the control tasks (one-sided Mann–Whitney p {p:.2g}): the target "
-            f"has seen part of the benchmark, at least {c['lower_bound']:.1%} of its tasks (one-sided 95% bound)"
+            "has seen part of the benchmark"
+            + (f", at least {c['lower_bound']:.1%} of its tasks (one-sided 95% bound)" if c["lower_bound"] > 0 else "")
             if c["detected"] else
             f"the benchmark's tasks do not score significantly above the control tasks (one-sided Mann–Whitney p "
             f"{p:.2g}): no leak shown, and none excluded")

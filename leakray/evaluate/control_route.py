@@ -179,13 +179,12 @@ def estimate_control(task_ids, s, why, control_s, *, ref_bench, ref_control, len
     boots = np.array([leaked_share(conformal_pvalues(x[rng.integers(0, m, m)], c[rng.integers(0, len(c), len(c))]),
                                    lam) for _ in range(int(n_boot))])
     lo, hi = np.percentile(boots, [2.5, 97.5]).tolist() if len(boots) else (est, est)
-    lower = float(np.percentile(boots, 5)) if len(boots) else est  # one-sided 95%
+    lower = float(np.percentile(boots, 5)) if len(boots) else est  # one-sided 95% (bootstrap percentile)
     detected = bool(mw.pvalue < alpha)
     out.update(estimate=est, ci=[float(min(lo, est)), float(max(hi, est))], lower_bound=lower,
                test={"name": "one-sided Mann–Whitney U, benchmark > control", "p": float(mw.pvalue),
                      "auc": float(mw.statistic / (m * len(c))), "alpha": alpha},
-               detected=detected, exchangeability=ex, n_flagged=int(flagged.sum()),
-               p_histogram=np.histogram(p[ok], bins=10, range=(0, 1))[0].tolist())
+               detected=detected, exchangeability=ex, p_histogram=np.histogram(p[ok], bins=10, range=(0, 1))[0].tolist())
     why_not = []
     if not ex["ok"]:
         why_not.append(ex["why"])
@@ -194,8 +193,9 @@ def estimate_control(task_ids, s, why, control_s, *, ref_bench, ref_control, len
     elif hi - lo > max_width:
         why_not.append(f"its 95% interval [{lo:.0%}, {hi:.0%}] is wider than {max_width:.0%} (too few benchmark or "
                        f"control tasks for how far members stand from clean tasks)"
-                       + (f"; the benchmark's tasks do score above the control's (Mann–Whitney p {mw.pvalue:.2g}): "
-                          f"at least {lower:.0%} leaked (one-sided 95%)" if detected else ""))
+                       + (f"; the benchmark's tasks do score above the control's (Mann–Whitney p {mw.pvalue:.2g})"
+                          + (f": at least {lower:.0%} leaked (one-sided 95%)" if lower > 0 else "")
+                          if detected else ""))
     out.update(usable=not why_not, **({"why_unusable": "; ".join(why_not)} if why_not else {}))
     out["n_flagged"] = int(flagged.sum())
     return {**out, "per_task": per_task}
