@@ -201,3 +201,22 @@ def test_difficulty_is_taken_out_without_breaking_the_null():
     s, c, _, kw = sets(0.0)
     out = _estimate(s, c, kw)
     assert stats.kstest(out["per_task"]["p"], "uniform").pvalue > 0.01 and not out["detected"]
+
+
+def test_a_valid_control_lets_an_agreeing_share_stand_and_vetoes_a_contradicting_one():
+    """Control tasks the benchmark's kind, but too few to pin the share: a strong leak's
+    self-calibrated share that agrees with the control's interval is printed; a '0%' from an
+    assumed null, below the control's lower bound, is not."""
+    rng = np.random.default_rng(6)
+    s, c, _, kw = _sets(rng, n=110, m=55, members=0.25, shift=6.0)
+    ctl = _estimate(s, c, kw)
+    assert ctl["detected"] and not ctl["usable"] and ctl["lower_bound"] > 0.05
+    agree = {"usable": True, "estimate": 0.25, "ci": [0.18, 0.32], "per_task": {"flagged": np.ones(len(s), bool)}}
+    d = audit_routes.decide(agree, None, "auto", control_result=ctl)
+    assert d["route"] == "self-calibrated" and d["estimate"] == 0.25 and "control_check" in d
+    assert audit_routes.flags_of(d, agree, None, len(s), ctl).all()  # the printing route's own flags
+    zero = {"usable": True, "estimate": 0.0, "ci": [0.0, 0.03]}
+    d = audit_routes.decide(zero, None, "auto", control_result=ctl)
+    assert d["route"] is None and "self-calibrated route's 0.0% (0.0%–3.0%) disagrees" in d["statement"]
+    none = audit_routes.decide(zero, None, "control")
+    assert none["route"] is None and "needs control tasks" in none["statement"]

@@ -10,9 +10,9 @@ Three routes estimate the leaked fraction:
   Holds only where the target's scores are on the shadow's scale (checked by `transfer_check`).
 
 `auto` prints the control route's estimate when control tasks were given and they are the
-benchmark's kind; if its interval is too wide its test and lower bound are the answer (no other
-route's share overrules a measured null). Otherwise the self-calibrated estimate when its checks hold; else the card's when the card
-transfers — unless the self-calibrated route found the target's scores ambiguous (one normal fits:
+benchmark's kind; if its interval is too wide, another route's share only where it agrees with
+that measured null, else the control route's test and lower bound. Without control tasks: the
+self-calibrated estimate when its checks hold; else the card's when the card transfers — unless the self-calibrated route found the target's scores ambiguous (one normal fits:
 clean, or a faint leak), which no card of a stronger leak can settle (a card whose shadow carries a
 pretraining-mixture leak can, with a caveat naming its dose); else no number, with the reasons.
 The verdicts come from the route that printed the number: 'suspected' is controlled by a
@@ -95,14 +95,41 @@ def decide(selfcal_result: dict | None, card_result: dict | None, route: str = "
         if control_result.get("usable"):  # its null is measured, not assumed: first when it holds
             return {"route": "control", "estimate": control_result["estimate"], "ci": control_result["ci"],
                     "statement": None, "lower_bound": control_result.get("lower_bound"), "flags_from": "control"}
-        if route == "control" or control_result.get("detected") is not None:
-            # the control tasks are the benchmark's kind, but the share is not pinned down: no other
-            # route's share may overrule a measured null (a faint leak the assumed nulls miss is
-            # exactly what it sees); its test and lower bound are the answer
+        if route == "control":
             return _control_statement(control_result)
+        if control_result.get("detected") is not None:
+            # The control tasks are the benchmark's kind but its share is not pinned down. Another
+            # route's number stands only where it agrees with this measured null (a strong leak's
+            # self-calibrated share, say); otherwise the control route's test and bound are the answer
+            # (a faint leak that the assumed nulls call "one normal fits" or "0%" is exactly what it sees).
+            other = _assumed_null_routes(selfcal_result, card_result, route, card_leak, [])
+            if other["estimate"] is not None and _agrees(other, control_result):
+                return {**other, "control_check": "agrees with the control route's test and interval"}
+            return _control_statement(control_result, other if other["estimate"] is not None else None)
+    if route == "control":  # forced, and no control tasks were given
+        return {"route": None, "estimate": None, "ci": [None, None],
+                "statement": "the audit cannot estimate the leaked fraction for this target — control: not run "
+                             "(audit.route=control needs control tasks: --control NAME=PATH)"}
+    reasons = ["control: " + control_result["why_unusable"]] if control_result is not None else []
+    return _assumed_null_routes(selfcal_result, card_result, route, card_leak, reasons)
+
+
+def _agrees(other: dict, c: dict) -> bool:
+    """Another route's number against the control route's: its interval must overlap the control's,
+    and when the control's test found a leak its estimate must reach the control's lower bound (a
+    "0%" beside a detected leak is no agreement, whatever its interval)."""
+    lo, hi = other["ci"]
+    c_lo, c_hi = c["ci"]
+    if c.get("detected") and other["estimate"] < c["lower_bound"]:
+        return False
+    return not (lo > c_hi or hi < c_lo)
+
+
+def _assumed_null_routes(selfcal_result: dict | None, card_result: dict | None, route: str,
+                         card_leak: dict | None, reasons: list[str]) -> dict:
+    """The self-calibrated and card routes (their nulls assumed or borrowed from a shadow)."""
     options = {"self-calibrated": selfcal_result, "card": card_result}
     order = ["self-calibrated", "card"] if route == "auto" else [route]
-    reasons = ["control: " + control_result["why_unusable"]] if control_result is not None else []
     if route == "auto" and selfcal_result and selfcal_result.get("ambiguous") and card_result \
             and card_result.get("usable") and knows_faint_leaks(card_leak):
         # The target's own scores leave a faint leak open, and this card was trained on one: its cut,
@@ -138,8 +165,9 @@ def decide(selfcal_result: dict | None, card_result: dict | None, route: str = "
             "statement": "the audit cannot estimate the leaked fraction for this target — " + " | ".join(reasons)}
 
 
-def _control_statement(c: dict) -> dict:
-    """No share from the control route: its test and lower bound when its null holds, else why not."""
+def _control_statement(c: dict, overruled: dict | None = None) -> dict:
+    """No share from the control route: its test and lower bound when its null holds, else why not;
+    ``overruled``: another route's number that disagreed with it (named, not printed)."""
     out = {"route": None, "estimate": None, "ci": [None, None], "control_test": c.get("test"),
            "lower_bound": c.get("lower_bound")}
     if c.get("detected") is None:  # too few tasks, or the control tasks are not the benchmark's kind
@@ -154,9 +182,12 @@ def _control_statement(c: dict) -> dict:
             f"the benchmark's tasks do not score significantly above the control tasks (one-sided Mann–Whitney p "
             f"{p:.2g}): no leak shown, and none excluded")
     lo, hi = c["ci"]
+    tail = "" if overruled is None else (
+        f"; the {overruled['route']} route's {overruled['estimate']:.1%} ({overruled['ci'][0]:.1%}–"
+        f"{overruled['ci'][1]:.1%}) disagrees with this measured null and is not printed")
     return {**out, "statement": f"{head}; the leaked fraction itself is not pinned down: the control route's "
                                 f"{c['estimate']:.1%} has the 95% interval {lo:.1%}–{hi:.1%}, wider than "
-                                f"{c['max_width']:.0%}"}
+                                f"{c['max_width']:.0%}{tail}"}
 
 
 def flags_of(decision: dict, selfcal_result: dict | None, card_result: dict | None, n: int,
