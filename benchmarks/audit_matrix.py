@@ -12,7 +12,8 @@ Targets (HumanEval, 164 tasks; members drawn by task with a seed the audit never
   pretraining-mixture leak (`leak.mode=pretrain-mix`, each shadow member read 16 times);
 - `ctrl-*`: the control route — a seeded third of HumanEval (55 tasks) is given as control tasks
   (`--control`: tasks the target cannot have seen), the audit runs on the other 109; a clean
-  target and pretraining mixtures with 25% of the 109 inserted 4 or 16 times;
+  target, pretraining mixtures with 25% of the 109 inserted 4 or 16 times, and a twin fine-tune
+  on 20% of them;
 - every target's self-calibrated route again with the *oracle* reference model (the target's own
   pre-leak checkpoint), for comparison with the default non-oracle reference.
 
@@ -55,6 +56,7 @@ TARGETS = {
     "ctrl-clean": ("tiny", "none", 0.0, 0, "tiny"),
     "ctrl-mix-d4": ("tiny", "pretrain-mix", 0.25, 4, "tiny"),
     "ctrl-mix-d16": ("tiny", "pretrain-mix", 0.25, 16, "tiny"),
+    "ctrl-twin-20": ("tiny", "finetune", 0.2, 0, "tiny"),
 }
 LOG = sys.stderr
 MEMBER_SEED = 31  # not the audit's default seeds: the audit cannot know the members
