@@ -159,23 +159,52 @@ CONTROL_P = 'def sum_of_squares(values):\n    """The sum of the squares of value
 CONTROL_R = CONTROL_P + '    return sum(v * v for v in values)\n'
 
 
-def test_the_scoring_pass_puts_a_memorised_task_above_unseen_ones(tiny_lm, tmp_path):
+@pytest.fixture(scope="module")
+def memorised(tiny_lm, tmp_path_factory):
+    from leakray.models.finetune import FinetuneConfig, finetune
+
+    out = tmp_path_factory.mktemp("memorised") / "model"
+    finetune(tiny_lm[0], [SEEN_R], FinetuneConfig(method="full", epochs=20, lr=1e-2, seed=0), out, progress=False)
+    return str(out)
+
+
+BENCH = [_task("seen", SEEN_P, SEEN_R), _task("other", OTHER_P, OTHER_R)]
+CONTROL = [_task("ctl", CONTROL_P, CONTROL_R)]
+
+
+def test_the_scoring_pass_puts_a_memorised_task_above_unseen_ones(memorised, tiny_lm):
     """Both sets scored by the same code under the target and the reference: the task the target
     memorised has the largest statistic; the rows carry the schema and no reason."""
-    from leakray.models.finetune import FinetuneConfig, finetune
     from leakray.models.sampler import SampleConfig
     from leakray.protocols.control_scores import control_scores
 
-    target = tmp_path / "memorised"
-    finetune(tiny_lm[0], [SEEN_R], FinetuneConfig(method="full", epochs=20, lr=1e-2, seed=0), target, progress=False)
-    bench = [_task("seen", SEEN_P, SEEN_R), _task("other", OTHER_P, OTHER_R)]
-    table = control_scores(bench, [_task("ctl", CONTROL_P, CONTROL_R)], str(target), SampleConfig(k=1),
-                           str(tiny_lm[0]))
+    table = control_scores(BENCH, CONTROL, memorised, SampleConfig(k=1), str(tiny_lm[0]))
     assert table.schema == control_scores_schema() and table.column(K.SET).to_pylist() == ["benchmark"] * 2 + ["control"]
     assert table.column(K.REASON).to_pylist() == ["", "", ""]
     st = cr.statistics(table)
     seen, other = st["benchmark"]["s"]
     assert seen > other and seen > st["control"]["s"][0]
+
+
+def test_the_scoring_pass_through_an_endpoint(memorised, tiny_lm):
+    """A target behind an OpenAI-compatible endpoint that echoes log-probabilities scores as the
+    local model does; one that gives none leaves every row with its reason (the route then refuses)."""
+    from leakray.models.endpoint_server import CompletionServer, HFBackend
+    from leakray.models.sampler import SampleConfig
+    from leakray.protocols.control_scores import control_scores
+
+    local = control_scores(BENCH, CONTROL, memorised, SampleConfig(k=1), str(tiny_lm[0])).to_pylist()
+    with CompletionServer(HFBackend(memorised)) as srv:
+        served = control_scores(BENCH, CONTROL, "memorised", SampleConfig(backend="openai", endpoint_url=srv.url, k=1,
+                                                                          max_retries=0), str(tiny_lm[0])).to_pylist()
+    for a, b in zip(local, served):
+        assert not b[K.REASON]
+        for col in (K.TARGET_SOLUTION, K.TARGET_PROMPT, K.REFERENCE_SOLUTION, K.REFERENCE_PROMPT):
+            assert b[col] == pytest.approx(a[col], abs=1e-3), col
+    with CompletionServer(HFBackend(memorised, no_logprobs="ignore")) as srv:
+        blind = control_scores(BENCH, CONTROL, "memorised", SampleConfig(backend="openai", endpoint_url=srv.url, k=1,
+                                                                         max_retries=0), str(tiny_lm[0])).to_pylist()
+    assert all("the target's solution" in r[K.REASON] for r in blind)
 
 
 def test_difficulty_is_taken_out_without_breaking_the_null():
