@@ -59,17 +59,12 @@ def conformal_pvalues(x, control) -> np.ndarray:
 
 
 def bh_flags(p, fdr: float) -> np.ndarray:
-    """Benjamini–Hochberg: the largest k with p_(k) <= fdr k / n; the k smallest p-values flagged."""
+    """Benjamini–Hochberg: the largest k with p_(k) <= fdr k / n; the k smallest p-values flagged
+    (the BH-adjusted p-values, Storey's q-values with π0 = 1, at most ``fdr``)."""
+    from leakray.evaluate.selfcal import qvalues
+
     p = np.asarray(p, np.float64)
-    n = len(p)
-    flags = np.zeros(n, bool)
-    if not n:
-        return flags
-    order = np.argsort(p, kind="stable")
-    ok = np.nonzero(p[order] <= fdr * np.arange(1, n + 1) / n)[0]
-    if len(ok):
-        flags[order[: ok.max() + 1]] = True
-    return flags
+    return qvalues(p, 1.0) <= fdr if len(p) else np.zeros(0, bool)
 
 
 def leaked_share(p, lam: float) -> float:
@@ -174,6 +169,8 @@ def estimate_control(task_ids, s, why, control_s, *, ref_bench, ref_control, len
     statistic net of the tasks' difficulty (`adjust_for_difficulty`)."""
     from scipy import stats
 
+    from leakray.evaluate.selfcal import qvalues
+
     s = np.asarray(s, np.float64)
     c_all = np.asarray(control_s, np.float64)
     adjustment = None
@@ -198,12 +195,9 @@ def estimate_control(task_ids, s, why, control_s, *, ref_bench, ref_control, len
     x = s[ok]
     ex = exchangeability(ref_bench, ref_control, len_bench, len_control)
     p[ok] = conformal_pvalues(x, c)
-    order = np.argsort(p[ok])
     m = len(x)
-    qq = np.empty(m)
-    qq[order] = np.minimum.accumulate((p[ok][order] * m / np.arange(1, m + 1))[::-1])[::-1]
-    q[ok] = np.minimum(qq, 1.0)  # BH-adjusted p-values: flagged at q <= fdr
-    flagged[ok] = bh_flags(p[ok], fdr)
+    q[ok] = qvalues(p[ok], 1.0)  # BH-adjusted p-values (Storey's with π0 = 1): flagged at q <= fdr
+    flagged[ok] = q[ok] <= fdr
     mw = stats.mannwhitneyu(x, c, alternative="greater")
     est = leaked_share(p[ok], lam)
     rng = np.random.default_rng(seed)

@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 from leakray.data.tasks import continuation
 from leakray.errors import BadInput
 from leakray.evaluate.control_route import FILE
-from leakray.models.backends import make_sampler
 from leakray.models.sampler import SampleConfig
+from leakray.protocols.rewrite_scores import reference_scores
 from leakray.schema import K, T, control_scores_schema
 
 def load_control(spec: str, benchmark: list[dict]) -> list[dict]:
@@ -41,20 +41,13 @@ def load_control(spec: str, benchmark: list[dict]) -> list[dict]:
     return tasks
 
 
-def score_whole(model_path: str, sample: SampleConfig, tasks: list[dict], chunk: int = 64) -> list[tuple[float, float]]:
-    """(log p(solution | prompt), log p(prompt)) of each task, NaN where the backend gave none."""
-    sampler = make_sampler(model_path, sample)
-    out: list[tuple[float, float]] = []
-    try:
-        for i in range(0, len(tasks), chunk):
-            part = tasks[i:i + chunk]
-            for s in sampler.reference_scores([t[T.PROMPT] for t in part], [t[T.REFERENCE] for t in part]):
-                sol = math.fsum(s.logprobs) if s.logprobs and not any("truncated" in n for n in s.notes) else math.nan
-                out.append((sol, float(s.context_logprob)))
-    finally:
-        close = getattr(sampler, "close", None)
-        if close is not None:
-            close()
+def score_whole(model_path: str, sample: SampleConfig, tasks: list[dict]) -> list[tuple[float, float]]:
+    """(log p(solution | prompt), log p(prompt)) of each task, NaN where the backend gave none or
+    the text was cut to fit the model."""
+    out = []
+    for s in reference_scores(model_path, sample, [(t[T.PROMPT], t[T.REFERENCE]) for t in tasks]):
+        cut = not s.logprobs or any("truncated" in n for n in s.notes)
+        out.append((math.nan if cut else math.fsum(s.logprobs), float(s.context_logprob)))
     return out
 
 

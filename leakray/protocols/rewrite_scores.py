@@ -29,19 +29,24 @@ def _loglik(scores) -> float:
     return math.fsum(scores.logprobs) if scores.logprobs else math.nan
 
 
-def score_texts(model_path: str, sample: SampleConfig, pairs: list[tuple[str, str]], chunk: int = 64) -> list[float]:
-    """log p(continuation | prompt) of each (prompt, full program) pair, NaN where unscorable."""
+def reference_scores(model_path: str, sample: SampleConfig, pairs: list[tuple[str, str]], chunk: int = 64) -> list:
+    """The backend's `RefScores` of each (prompt, full program) pair, the model loaded once."""
     sampler = make_sampler(model_path, sample)
-    out: list[float] = []
+    out: list = []
     try:
         for i in range(0, len(pairs), chunk):
             part = pairs[i:i + chunk]
-            out += [_loglik(s) for s in sampler.reference_scores([p for p, _ in part], [r for _, r in part])]
+            out += sampler.reference_scores([p for p, _ in part], [r for _, r in part])
     finally:
         close = getattr(sampler, "close", None)
         if close is not None:
             close()
     return out
+
+
+def score_texts(model_path: str, sample: SampleConfig, pairs: list[tuple[str, str]], chunk: int = 64) -> list[float]:
+    """log p(continuation | prompt) of each (prompt, full program) pair, NaN where unscorable."""
+    return [_loglik(s) for s in reference_scores(model_path, sample, pairs, chunk)]
 
 
 def rewrite_scores(tasks: list[dict], target: str, target_sample: SampleConfig, reference: str,
