@@ -135,6 +135,7 @@ class _Worker:
         self.objs: dict[int, object] = {}
         self.ids: dict[int, int] = {}  # id(obj) -> handle, so one object keeps one handle
         self.module = None
+        self.pid = os.getpid()
 
     def handle(self, obj) -> dict:
         h = self.ids.get(id(obj))
@@ -213,6 +214,12 @@ class _Worker:
                 reply = ["stop"]
             except BaseException as exc:  # SystemExit too: the judge decides what it means
                 reply = ["raise", type(exc).__name__, _short(exc), "".join(traceback.format_exc())[-4000:]]
+            if os.getpid() != self.pid:
+                # a process the program forked came back out of its code (it raised, or ran to the end):
+                # it shares the link, and its reply would race the worker's. In plain Python it would
+                # just end; so it does here, silently (a daemon that died on a read-only /tmp made a
+                # valid program "fail" under load, when its error reached the judge first)
+                os._exit(0)
             for stream in (sys.stdout, sys.stderr):  # the judge may end the run right after this reply
                 try:
                     stream.flush()
