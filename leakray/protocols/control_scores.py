@@ -22,6 +22,7 @@ from leakray.models.sampler import SampleConfig
 from leakray.protocols.rewrite_scores import reference_scores
 from leakray.schema import K, T, control_scores_schema
 
+
 def load_control(spec: str, benchmark: list[dict]) -> list[dict]:
     """Control tasks from ``NAME=PATH`` (a reader name or a label; the format is sniffed) or a
     registered benchmark name. A control task that is also a benchmark task (same prompt or same
