@@ -51,7 +51,9 @@ def main() -> None:
     print(render(out["table"], curve["doses"]))
 
 
-PROBE_READERS = {"prefix_completion": "prefix", "masked_span": "mask", "rewrite_preference": "greedy"}
+PROBE_READERS = {"prefix_completion": "prefix", "masked_span": "mask", "rewrite_preference": "greedy",
+                 **{f"{head}{tail}": probe for head, probe in (("next_token", "next"), ("question_next_token", "question"))
+                    for tail in ("", "_calibrated", "_calibrated_nonoracle")}}
 
 
 def detector_table(curve: dict) -> dict:

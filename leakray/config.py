@@ -175,11 +175,12 @@ class ColumnsConfig(Section):
     advprompt: bool = True  # AdvPrompt-MIA: 11 proven perturbations, one greedy completion each
     advprompt_seed: int = 0
     # text-only memory probes (leakray.features.probes): prefix completion, masked spans, greedy
-    # completion vs rewrites (each one batched greedy call per task), and sampled next tokens
-    probes: list[Literal["prefix", "mask", "greedy", "next"]] = Field(
-        default_factory=lambda: ["prefix", "mask", "greedy", "next"])
+    # completion vs rewrites (each one batched greedy call per task), and sampled next tokens in the
+    # solution (next) and in the prompt (question)
+    probes: list[Literal["prefix", "mask", "greedy", "next", "question"]] = Field(
+        default_factory=lambda: ["prefix", "mask", "greedy", "next", "question"])
     probe_tokens: int = Field(48, ge=1)  # generation budget of a prefix or mask probe
-    next_cuts: int = Field(64, ge=1)  # the next-token probe's cut points per task (at most)
+    next_cuts: int = Field(64, ge=1)  # cut points per task (at most) of each sampled probe
     next_draws: int = Field(128, ge=1)  # one-token samples at each cut
 
     @field_validator("reference_model")

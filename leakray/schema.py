@@ -96,7 +96,13 @@ class C:
     NEXT_DRAWS = "next_draws"  # list<list<string>>: the one-token samples drawn at each cut
     REFMODEL_NEXT_DRAWS = "refmodel_next_draws"  # list<list<string>>: the same cuts under the reference model
     REFALT_NEXT_DRAWS = "refalt_next_draws"  # list<list<string>>: and under the non-oracle reference
-    PROBE_SECONDS = "probe_seconds"  # list<float>[4]: wall time of the prefix, mask, greedy, next probes (0: off)
+    QUESTION_CUTS = "question_cuts"  # list<int>: where each question cut falls in the generation prompt
+    QUESTION_DRAWS = "question_draws"  # list<list<string>>: the one-token samples drawn at each question cut
+    REFMODEL_QUESTION_DRAWS = "refmodel_question_draws"  # list<list<string>>: those cuts under the reference model
+    REFALT_QUESTION_DRAWS = "refalt_question_draws"  # list<list<string>>: and under the non-oracle reference
+    # list<float>[5]: wall time of the prefix, mask, greedy, next, question probes (0: off; older collections
+    # have 3 or 4 entries)
+    PROBE_SECONDS = "probe_seconds"
     # list<float>[len(PARTS)]: this row's share of each collection part's busy time (stages.collect.PARTS)
     PART_SECONDS = "part_seconds"
 
@@ -155,6 +161,10 @@ def collection_schema() -> pa.Schema:
             (C.NEXT_DRAWS, pa.list_(pa.list_(pa.string()))),
             (C.REFMODEL_NEXT_DRAWS, pa.list_(pa.list_(pa.string()))),
             (C.REFALT_NEXT_DRAWS, pa.list_(pa.list_(pa.string()))),
+            (C.QUESTION_CUTS, pa.list_(pa.int32())),
+            (C.QUESTION_DRAWS, pa.list_(pa.list_(pa.string()))),
+            (C.REFMODEL_QUESTION_DRAWS, pa.list_(pa.list_(pa.string()))),
+            (C.REFALT_QUESTION_DRAWS, pa.list_(pa.list_(pa.string()))),
             (C.PROBE_SECONDS, pa.list_(f32)),
             (C.PART_SECONDS, pa.list_(f32)),
         ]

@@ -17,8 +17,10 @@ from leakray.errors import BadInput
 from leakray.features import probes as pr
 from leakray.schema import C, T, collection_schema
 
-PROBE_DETECTORS = ("prefix_completion", "masked_span", "rewrite_preference", "next_token", "next_token_calibrated")
-TOY_DETECTORS = ("prefix_completion", "masked_span", "rewrite_preference", "next_token")  # no reference model
+PROBE_DETECTORS = ("prefix_completion", "masked_span", "rewrite_preference", "next_token", "next_token_calibrated",
+                   "question_next_token", "question_next_token_calibrated")
+TOY_DETECTORS = ("prefix_completion", "masked_span", "rewrite_preference", "next_token",  # no reference model
+                 "question_next_token")
 
 SEEN_P = 'def count_vowels_twice(text):\n    """Count the vowels of text, doubled."""\n'
 SEEN_R = SEEN_P + '    tally = 0\n    for letter in text:\n        if letter in "aeiou":\n            tally += 2\n    return tally\n'
@@ -78,6 +80,21 @@ def test_next_token_cuts_are_token_starts_and_split_the_program_exactly():
     assert len(pr.next_cuts(SEEN_P, SEEN_R, 5)) == 5 and pr.next_cuts(SEEN_P, SEEN_R, 5)[0] == 0  # spread evenly
 
 
+def test_question_cuts_are_the_prompts_token_starts_after_its_first_character():
+    head = generation_prompt(SEEN_P)
+    cuts = pr.question_cuts(SEEN_P, SEEN_R)
+    assert cuts == sorted(set(cuts)) and 0 < cuts[0] and all(c < len(head) for c in cuts)
+    assert not any(head[c - 1].isalnum() and head[c].isalnum() for c in cuts)  # no word split
+    for c in cuts:
+        given, target = pr.question_given_and_target(SEEN_P, SEEN_R, c)
+        assert given == head[:c] and given + target == head + continuation(SEEN_P, SEEN_R)
+    targets = [pr.question_given_and_target(SEEN_P, SEEN_R, c)[1] for c in cuts]
+    assert any(t.startswith(" count_vowels_twice(") for t in targets)  # the function's name is a cut
+    assert len(pr.question_cuts(SEEN_P, SEEN_R, 5)) == 5  # spread evenly
+    assert pr.question_cuts("x") == []  # one token: nothing to continue but the start
+    assert set(pr.DRAW_PROBES) == {"next", "question"} and set(pr.DRAW_PROBES) <= set(pr.PROBES)
+
+
 # ---- each probe on a toy model that memorised one solution ---------------------------------------
 
 @pytest.fixture(scope="module")
@@ -110,7 +127,7 @@ def _seen_above_unseen(table: pa.Table) -> None:
         seen, unseen = registry.make(name).score(table)
         assert seen > unseen, (name, seen, unseen)
     seconds = table.column(C.PROBE_SECONDS).to_pylist()
-    assert all(len(s) == 4 and min(s) > 0 for s in seconds)  # every probe ran and was timed
+    assert all(len(s) == len(pr.PROBES) and min(s) > 0 for s in seconds)  # every probe ran and was timed
 
 
 def test_each_probe_scores_a_memorised_task_above_an_unseen_one(memorised):
@@ -125,6 +142,8 @@ def test_each_probe_scores_a_memorised_task_above_an_unseen_one(memorised):
     assert len(seen[C.REWRITES]) == pr.N_REWRITES and continuation(SEEN_P, SEEN_R) not in seen[C.REWRITES]
     assert seen[C.NEXT_CUTS] == pr.next_cuts(SEEN_P, SEEN_R)
     assert [len(d) for d in seen[C.NEXT_DRAWS]] == [pr.NEXT_DRAWS] * len(seen[C.NEXT_CUTS])
+    assert seen[C.QUESTION_CUTS] == pr.question_cuts(SEEN_P, SEEN_R)
+    assert [len(d) for d in seen[C.QUESTION_DRAWS]] == [pr.NEXT_DRAWS] * len(seen[C.QUESTION_CUTS])
     assert collection_access(table) == "weights"
     table = table.set_column(table.schema.get_field_index(C.EXEC_STATUS), C.EXEC_STATUS,
                              pa.array([[]] * 2, pa.list_(pa.string())))
@@ -149,7 +168,8 @@ def test_probes_through_an_endpoint_without_logprobs(memorised):
     _seen_above_unseen(table)
     n_texts = sum(len(r[C.PREFIX_CUTS]) + len(r[C.MASK_SPANS]) + 1 for r in table.to_pylist())
     assert probe_requests == n_texts  # one greedy request per probe text, none asking for log-probs
-    assert draw_requests == sum(len(r[C.NEXT_CUTS]) for r in table.to_pylist())  # one per cut, n draws each
+    # one per cut of either sampled probe, n draws each
+    assert draw_requests == sum(len(r[C.NEXT_CUTS]) + len(r[C.QUESTION_CUTS]) for r in table.to_pylist())
 
 
 def test_hf_draws_from_one_shared_pass_are_those_of_a_pass_per_text(tiny_lm, monkeypatch):
@@ -180,7 +200,7 @@ def with_probes(table: pa.Table, signal: bool = True) -> pa.Table:
     rows = table.select([C.TASK_ID, C.PROMPT, C.REFERENCE, C.MEMBER]).to_pylist()
     cols = {c: [] for c in (C.PREFIX_CUTS, C.PREFIX_COMPLETIONS, C.MASK_SPANS, C.MASK_COMPLETIONS,
                             C.GREEDY_COMPLETION, C.REWRITES, C.NEXT_CUTS, C.NEXT_DRAWS, C.REFMODEL_NEXT_DRAWS,
-                            C.PROBE_SECONDS)}
+                            C.QUESTION_CUTS, C.QUESTION_DRAWS, C.REFMODEL_QUESTION_DRAWS, C.PROBE_SECONDS)}
     for i, r in enumerate(rows):
         p, ref = r[C.PROMPT], r[C.REFERENCE]
         other = rows[(i + 1) % len(rows)]
@@ -201,7 +221,12 @@ def with_probes(table: pa.Table, signal: bool = True) -> pa.Table:
         # reference model's draws are half right for every task
         cols[C.NEXT_DRAWS].append([[t] * 3 + ["\x00"] if knows else [t, t, "\x00", "\x00"] for t in nexts])
         cols[C.REFMODEL_NEXT_DRAWS].append([[t, t, "\x00", "\x00"] for t in nexts])
-        cols[C.PROBE_SECONDS].append([0.1, 0.1, 0.1, 0.1])
+        qcuts = pr.question_cuts(p, ref, 16)
+        asked = [pr.question_given_and_target(p, ref, c)[1][:1] for c in qcuts]
+        cols[C.QUESTION_CUTS].append(qcuts)
+        cols[C.QUESTION_DRAWS].append([[t] * 3 + ["\x00"] if knows else [t, t, "\x00", "\x00"] for t in asked])
+        cols[C.REFMODEL_QUESTION_DRAWS].append([[t, t, "\x00", "\x00"] for t in asked])
+        cols[C.PROBE_SECONDS].append([0.1] * len(pr.PROBES))
     sch = collection_schema()
     for name, values in cols.items():
         table = table.append_column(sch.field(name), pa.array(values, sch.field(name).type))
@@ -251,13 +276,15 @@ def test_text_combined_uses_text_only_inputs_and_composites_take_the_probes():
     shadow = with_probes(rich_collection(n=80, seed=1, signal=0.3))
     target = black_box(with_probes(rich_collection(n=40, seed=2, prefix="u", signal=0.3)))
     det = registry.make("text_combined").fit(shadow, 0)
-    assert det.info["groups_used"]["probes"] == ["prefix", "mask", "greedy", "next", "next_calibrated"]
+    assert det.info["groups_used"]["probes"] == ["prefix", "mask", "greedy", "next", "next_calibrated", "question",
+                                                      "question_calibrated"]
     assert set(det.info["groups_used"]) == {"text_expert", "semantic", "text_generation", "probes"}
     from sklearn.metrics import roc_auc_score
 
     assert roc_auc_score(target.column(C.MEMBER).to_numpy(), det.score(target)) > 0.8  # no logprob column read
     full = registry.make("leakray_combined").fit(shadow, 0)
-    assert full.info["groups_used"]["probes"] == ["prefix", "mask", "greedy", "next", "next_calibrated"]
+    assert full.info["groups_used"]["probes"] == ["prefix", "mask", "greedy", "next", "next_calibrated", "question",
+                                                      "question_calibrated"]
     with pytest.raises(BadInput, match="groups must be"):
         registry.make("text_combined", {"groups": ["likelihood"]})
 
@@ -294,16 +321,51 @@ def test_unit_combiner_weighs_inputs_by_their_shadow_auc_and_saves_as_json(tmp_p
     # auto (the default): both combiners cross-fitted on the shadow, the higher out-of-fold AUC kept
     auto = registry.make("text_combined").fit(shadow, 0)
     oof = auto.info["oof_auc"]
-    assert set(oof) == {"logistic", "unit"} and auto.info["combiner"] == max(oof, key=oof.get)
+    assert set(oof) == {"logistic", "unit", "pooled"} and auto.info["combiner"] == max(oof, key=oof.get)
     y_oof, s_oof, _ = auto.heldout(shadow)
     assert roc_auc_score(y_oof, s_oof) == pytest.approx(oof[auto.info["combiner"]])
     # a second reference model's draws (simulate's non-oracle reference) add their own calibration
     alt = shadow.append_column(collection_schema().field(C.REFALT_NEXT_DRAWS), shadow.column(C.REFMODEL_NEXT_DRAWS))
     both = registry.make("text_combined").fit(alt, 0)
     assert both.info["groups_used"]["probes"] == ["prefix", "mask", "greedy", "next", "next_calibrated",
-                                                  "next_calibrated_alt"]
+                                                  "next_calibrated_alt", "question", "question_calibrated"]
     with pytest.raises(BadInput, match="combiner must be"):
         registry.make("text_combined", {"combiner": "forest"})
+
+def test_pooled_combiner_averages_the_sampled_inputs_and_screens_the_rest(tmp_path):
+    from sklearn.metrics import roc_auc_score
+
+    from leakray.detect.combined import PooledWeights
+
+    rng = np.random.default_rng(1)
+    y = np.repeat([0, 1], 41)
+    latent = y * 0.5  # a faint leak, read by three noisy pooled inputs
+    x = np.stack([latent + rng.normal(0, 1, 82) for _ in range(3)]
+                 + [-1.5 * y + rng.normal(0, 1, 82),  # strong and reversed: screened in, weight -1
+                    rng.normal(0, 1, 82)], axis=1)  # noise: screened out
+    x[:, 0] -= 0.6 * y  # on this shadow the first pooled input points the wrong way: it is kept anyway
+    pooled = np.array([True, True, True, False, False])
+    u = PooledWeights(pooled).fit(x, y)
+    assert list(u.w[:3]) == [1.0, 1.0, 1.0] and u.w[3] == -1.0 and u.w[4] == 0.0
+    assert roc_auc_score(y, u.predict_proba(x)[:, 1]) > roc_auc_score(y, x[:, 1])
+    only_noise = PooledWeights(np.zeros(1, bool)).fit(rng.normal(0, 1, (82, 1)), y)
+    assert np.count_nonzero(only_noise.w) == 1  # never an empty combination
+
+    shadow = with_probes(rich_collection(n=80, seed=1, signal=0.3))
+    target = black_box(with_probes(rich_collection(n=40, seed=2, prefix="u", signal=0.3)))
+    det = registry.make("text_combined", {"combiner": "pooled"}).fit(shadow, 0)
+    mask = det.model.pooled
+    assert det.info["combiner"] == "pooled" and mask.sum() == 4  # next, next_calibrated, question, question_calibrated
+    assert np.all(det.model.w[mask] == 1.0) and len(mask) == det.info["n_features"]
+    assert roc_auc_score(target.column(C.MEMBER).to_numpy(), det.score(target)) > 0.8
+    det.save(tmp_path / "p")
+    np.testing.assert_array_equal(registry.load(tmp_path / "p").score(target), det.score(target))
+    assert set(registry.make("text_combined").fit(shadow, 0).info["oof_auc"]) == {"logistic", "unit", "pooled"}
+    # a collection without sampled probes: auto does not offer pooled
+    bare = shadow.drop_columns([C.NEXT_CUTS, C.NEXT_DRAWS, C.REFMODEL_NEXT_DRAWS, C.QUESTION_CUTS,
+                                C.QUESTION_DRAWS, C.REFMODEL_QUESTION_DRAWS])
+    assert set(registry.make("text_combined").fit(bare, 0).info["oof_auc"]) == {"logistic", "unit"}
+
 
 # ---- the audit of an endpoint without log-probabilities -------------------------------------------
 

@@ -17,8 +17,8 @@ Groups (a group whose columns are missing is left out and named in ``info``):
   the advprompt detector does), when the collection carries the perturbed completions.
 - ``probes``: the text-only memory probes' statistics (prefix completion: n-gram, common
   prefix, edit similarity; masked spans; greedy completion vs reference and vs its rewrites;
-  the sampled next-token agreement, alone and against the reference model's), when the
-  collection carries them (``leakray.detect.probe_features``).
+  the sampled next-token agreement at the solution's and at the prompt's cuts, each alone and
+  against the reference models'), when the collection carries them (``leakray.detect.probe_features``).
 
 ``text_combined`` is the same classifier over what a black-box target gives: CGMIA's
 generation features without perplexity (CodeBLEU, edit distance, pass; mean, min, max), the
@@ -32,8 +32,16 @@ Combiner (``combiner``):
   strength per input is estimated, so it does not chase noise when the shadow is small and most
   inputs are near chance, the case of faint leaks (docs/LEAK.md: at dose 16 the logistic text
   composite read 0.714 against its best input's 0.797).
-- ``auto`` (the default): both are cross-fitted on the shadow (the same k folds by task) and
-  the one with the higher out-of-fold AUC is kept (a tie keeps ``logistic``). Measured on the
+- ``pooled``: the sampled next-token statistics (``SAMPLED``: at the solution's cuts and at the
+  prompt's, alone and against each reference model) averaged with equal weights, standardised on
+  the shadow and never re-oriented by it, plus any other input whose shadow AUC clears chance by
+  1.96 null standard errors (weight +-1). The six read one quantity with independent noise (other
+  cuts, other draws, other references), so their plain average is the estimate a faint shadow
+  cannot spoil: on the dose-4 sweep the shadow's best sampled input was the question's and the
+  target's the solution's, and any weights learned from the shadow follow the shadow.
+- ``auto`` (the default): the candidates are cross-fitted on the shadow (the same k folds by task)
+  and the one with the higher out-of-fold AUC is kept (a tie keeps ``logistic``, the first);
+  ``pooled`` is a candidate where the collection has sampled inputs. Measured on the
   dose-16 sweep (docs/LEAK.md): the shadow chose ``unit`` for ``text_combined`` (out-of-fold 0.59
   against 0.55) and ``logistic`` for ``leakray_combined`` (0.91 against 0.79), and the target
   agreed both times.
@@ -63,7 +71,14 @@ GENERATION = ("detectleak", "gt_match", "cdd", "buzzer_b")
 TEXT_GENERATION = ("gt_match", "cdd")
 _USED_FILE = "used_inputs.json"  # the inputs each group fed in fitting
 _UNIT_FILE = "unit_weights.json"  # the unit combiner's centre, scale and weight per input
-COMBINERS = ("logistic", "unit")  # and "auto": the one with the higher out-of-fold shadow AUC
+COMBINERS = ("logistic", "unit", "pooled")  # and "auto": the one with the higher out-of-fold shadow AUC
+# inputs of the probes group, in order, with the columns each gives (the others give one)
+PROBE_WIDTHS = {"prefix": 3, "greedy": 2}
+# the sampled next-token statistics: one quantity (the reference text's next-token probability,
+# alone or against a reference model's) read at the solution's and at the prompt's cuts, with
+# independent draws. ``pooled`` averages them with equal weights instead of learning weights.
+SAMPLED = ("next", "next_calibrated", "next_calibrated_alt", "question", "question_calibrated",
+           "question_calibrated_alt")
 
 
 class UnitWeights:
@@ -100,6 +115,43 @@ class UnitWeights:
         return u
 
 
+class PooledWeights(UnitWeights):
+    """The ``pooled`` combiner (module docstring): the inputs named ``pooled`` (a mask over the
+    columns) with weight +1 each, every other input with weight +-1 only where its shadow AUC
+    is beyond chance by ``z`` null standard errors (Hanley & McNeil: sqrt((n0 + n1 + 1) /
+    (12 n0 n1)), 0.064 at 41 + 41 tasks), else 0; each standardised on the shadow. Nothing is
+    estimated for the pooled inputs but their centre and scale, so a faint shadow cannot point
+    them the wrong way; the screen keeps a noise input out with 95% probability."""
+
+    def __init__(self, pooled: np.ndarray, z: float = 1.96):
+        super().__init__(0.0)
+        self.pooled, self.z = np.asarray(pooled, dtype=bool), float(z)
+
+    def fit(self, x: np.ndarray, y: np.ndarray) -> "PooledWeights":
+        from sklearn.metrics import roc_auc_score
+
+        self.mu, sd = x.mean(0), x.std(0)
+        n1, n0 = int((y == 1).sum()), int((y == 0).sum())
+        se = float(np.sqrt((n0 + n1 + 1) / (12.0 * n0 * n1)))
+        auc = np.array([roc_auc_score(y, x[:, j]) if sd[j] > 0 else 0.5 for j in range(x.shape[1])])
+        screened = np.where(np.abs(auc - 0.5) > self.z * se, np.sign(auc - 0.5), 0.0)
+        self.w = np.where(self.pooled, 1.0, screened)
+        if not self.w.any():  # nothing pooled and nothing clears the screen: the best input alone
+            best = int(np.argmax(np.abs(auc - 0.5)))
+            self.w[best] = np.sign(auc[best] - 0.5) or 1.0
+        self.sd = np.where(sd > 0, sd, 1.0)
+        return self
+
+    def state(self) -> dict:
+        return {**super().state(), "pooled": self.pooled.tolist(), "z": self.z}
+
+    @classmethod
+    def from_state(cls, d: dict) -> "PooledWeights":
+        u = cls(np.asarray(d["pooled"], dtype=bool), d["z"])
+        u.mu, u.sd, u.w = (np.asarray(d[k], dtype=np.float64) for k in ("mu", "sd", "w"))
+        return u
+
+
 def _expert_summary(table: pa.Table) -> np.ndarray:
     e = list_column(table, C.EXPERT, dtype=np.float64)
     blocks = e.reshape(len(e), 4, -1)
@@ -118,26 +170,35 @@ def _probes(table: pa.Table) -> tuple[np.ndarray, list[str]]:
     """Every probe the collection carries, each left out (like a missing group) when absent."""
     from leakray.detect import probe_features as pf
 
-    stats: dict[str, np.ndarray] = {}
+    stats: dict[tuple[str, str], np.ndarray] = {}
 
-    def next_of(column: str = C.NEXT_DRAWS) -> np.ndarray:
-        """A model's next-token statistic, computed once: the target's is read by three probes."""
-        if column not in stats:
-            stats[column] = pf.next_stats(table, column)
-        return stats[column]
+    def draws_of(probe: str, column: str) -> np.ndarray:
+        """A model's statistic of a sampled probe, computed once: the target's is read three times."""
+        if (probe, column) not in stats:
+            stats[probe, column] = pf.next_stats(table, column, probe=probe)
+        return stats[probe, column]
+
+    def sampled(name: str, probe: str, cuts: str, draws: str, reference: str | None):
+        columns = (C.PROMPT, C.REFERENCE, cuts, draws) + ((reference,) if reference else ())
+        if reference is None:
+            return name, columns, lambda t: draws_of(probe, draws)[:, None]
+        return name, columns, lambda t: (draws_of(probe, draws) - draws_of(probe, reference))[:, None]
 
     cols, used = [], []
     for name, columns, build in (
             ("prefix", (C.PREFIX_CUTS, C.PREFIX_COMPLETIONS), pf.prefix_stats),
             ("mask", (C.MASK_SPANS, C.MASK_COMPLETIONS), lambda t: pf.mask_stats(t)[:, None]),
             ("greedy", (C.GREEDY_COMPLETION, C.REWRITES), pf.greedy_stats),
-            ("next", (C.PROMPT, C.REFERENCE, C.NEXT_CUTS, C.NEXT_DRAWS), lambda t: next_of()[:, None]),
-            ("next_calibrated", (C.PROMPT, C.REFERENCE, C.NEXT_CUTS, C.NEXT_DRAWS, C.REFMODEL_NEXT_DRAWS),
-             lambda t: (next_of() - next_of(C.REFMODEL_NEXT_DRAWS))[:, None]),
+            sampled("next", "next", C.NEXT_CUTS, C.NEXT_DRAWS, None),
+            sampled("next_calibrated", "next", C.NEXT_CUTS, C.NEXT_DRAWS, C.REFMODEL_NEXT_DRAWS),
             # a second reference model's draws, where the collection has them (simulate's non-oracle
             # reference): another estimate of the same difference, with the reference's noise drawn afresh
-            ("next_calibrated_alt", (C.PROMPT, C.REFERENCE, C.NEXT_CUTS, C.NEXT_DRAWS, C.REFALT_NEXT_DRAWS),
-             lambda t: (next_of() - next_of(C.REFALT_NEXT_DRAWS))[:, None])):
+            sampled("next_calibrated_alt", "next", C.NEXT_CUTS, C.NEXT_DRAWS, C.REFALT_NEXT_DRAWS),
+            # the same three at the prompt's cuts: other positions, so noise independent of the above
+            sampled("question", "question", C.QUESTION_CUTS, C.QUESTION_DRAWS, None),
+            sampled("question_calibrated", "question", C.QUESTION_CUTS, C.QUESTION_DRAWS, C.REFMODEL_QUESTION_DRAWS),
+            sampled("question_calibrated_alt", "question", C.QUESTION_CUTS, C.QUESTION_DRAWS,
+                    C.REFALT_QUESTION_DRAWS)):
         if missing_input(table, columns) is None:
             try:
                 cols.append(build(table))
@@ -219,6 +280,7 @@ class Combined(KeepsHeldout):
     def features(self, table: pa.Table, used: dict[str, list[str]] | None = None) -> tuple[np.ndarray, dict]:
         """The feature matrix; with ``used`` (from fitting) exactly those inputs, else all available."""
         blocks, found = [], {}
+        self._widths: dict[str, int] = {}  # columns per group, in order (what `_pooled_mask` reads)
         for g in self.params["groups"]:
             build, cols = _BUILDERS[g]
             if used is not None and not used.get(g):
@@ -234,13 +296,34 @@ class Combined(KeepsHeldout):
             if x.shape[1]:
                 blocks.append(x)
                 found[g] = names
+                self._widths[g] = x.shape[1]
         if not blocks:
             raise BadInput(f"{self.spec.name}: no input group is available")
         return np.concatenate(blocks, axis=1), found
 
+    def _pooled_mask(self) -> np.ndarray:
+        """Per feature column of the fitted inputs: whether it is one of the pooled (``SAMPLED``)."""
+        mask: list[bool] = []
+        for g, names in self.used.items():
+            if g != "probes":
+                mask += [False] * self._widths[g]
+                continue
+            for name in names:
+                mask += [name in SAMPLED] * PROBE_WIDTHS.get(name, 1)
+        if len(mask) != sum(self._widths.values()):
+            raise BadInput(f"{self.spec.name}: the probes group's columns do not match its inputs {self.used}")
+        return np.array(mask, dtype=bool)
+
+    def _candidates(self) -> tuple[str, ...]:
+        """The combiners ``auto`` compares: ``pooled`` only where the shadow has sampled inputs."""
+        have = any(n in SAMPLED for n in self.used.get("probes", []))
+        return tuple(c for c in COMBINERS if c != "pooled" or have)
+
     def _model(self, combiner: str):
         if combiner == "unit":
             return UnitWeights(self.params["margin"])
+        if combiner == "pooled":
+            return PooledWeights(self._pooled_mask())
         from sklearn.linear_model import LogisticRegression
         from sklearn.pipeline import make_pipeline
         from sklearn.preprocessing import StandardScaler
@@ -259,7 +342,7 @@ class Combined(KeepsHeldout):
         cv = StratifiedGroupKFold(n_splits=folds, shuffle=True, random_state=split_seed)
         splits = list(cv.split(x, y, groups=task_keys(shadow).astype(str)))
         choice = self.params["combiner"]
-        candidates = COMBINERS if choice == "auto" else (choice,)
+        candidates = self._candidates() if choice == "auto" else (choice,)
         oof = {}
         for name in candidates:
             oof[name] = np.zeros(len(y))
@@ -293,14 +376,18 @@ class Combined(KeepsHeldout):
 
     def _load_state(self, directory: Path) -> None:
         unit = directory / _UNIT_FILE
-        self.model = (UnitWeights.from_state(json.loads(unit.read_text())) if unit.exists()
-                      else load_sklearn(directory / MODEL_FILE))
+        if unit.exists():
+            state = json.loads(unit.read_text())
+            self.model = (PooledWeights if "pooled" in state else UnitWeights).from_state(state)
+        else:
+            self.model = load_sklearn(directory / MODEL_FILE)
         self.used = json.loads((directory / _USED_FILE).read_text())
 
 
 class TextCombined(Combined):
     spec = DetectorSpec("text_combined", "leakray", (C.COMPLETIONS,), "black box", "composite", True,
-                        "logistic regression over what text gives: CodeBLEU/edit/pass summaries, semantic "
-                        "summaries, gt_match and cdd, and the memory probes' statistics")
+                        "logistic regression, unit-weighted or pooled average (chosen on the shadow) over what "
+                        "text gives: CodeBLEU/edit/pass summaries, semantic summaries, gt_match and cdd, and the "
+                        "memory probes' statistics")
     defaults = {"groups": list(TEXT_GROUPS), "C": 1.0, "folds": 4, "combiner": "auto", "margin": 0.05}
     known_groups = TEXT_GROUPS

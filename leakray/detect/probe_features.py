@@ -53,15 +53,18 @@ def greedy_stats(table: pa.Table) -> np.ndarray:
                      for p, r, g, rw in zip(prompts, refs, greedy, rewrites)], dtype=np.float64).reshape(-1, 2)
 
 
-def next_stats(table: pa.Table, draws_column: str = C.NEXT_DRAWS) -> np.ndarray:
-    """[n]: mean over the next-token cuts of the log share of draws the true rest starts with
-    (``draws_column``: the target's draws, or a reference model's at the same cuts)."""
-    prompts, refs, cuts, draws = _rows(table, C.PROMPT, C.REFERENCE, C.NEXT_CUTS, draws_column)
+def next_stats(table: pa.Table, draws_column: str = C.NEXT_DRAWS, probe: str = "next") -> np.ndarray:
+    """[n]: mean over a sampled probe's cuts (``next``: the solution's; ``question``: the prompt's)
+    of the log share of draws the true rest starts with (``draws_column``: the target's draws, or
+    a reference model's at the same cuts)."""
+    cuts_column = {"next": C.NEXT_CUTS, "question": C.QUESTION_CUTS}[probe]
+    given_and_target = pr.DRAW_PROBES[probe][1]
+    prompts, refs, cuts, draws = _rows(table, C.PROMPT, C.REFERENCE, cuts_column, draws_column)
     out = np.zeros(table.num_rows)
     for i, (p, r, cs, ds) in enumerate(zip(prompts, refs, cuts, draws)):
         if not cs or len(cs) != len(ds) or not all(ds):
-            raise BadInput(f"{len(cs)} next-token cuts but {len(ds)} draw lists (or an empty one)", row=i,
+            raise BadInput(f"{len(cs)} {probe} cuts but {len(ds)} draw lists (or an empty one)", row=i,
                            field=draws_column)
-        out[i] = np.mean([pr.next_log_share(pr.next_agreement(d, pr.next_given_and_target(p, r, c)[1]), len(d))
+        out[i] = np.mean([pr.next_log_share(pr.next_agreement(d, given_and_target(p, r, c)[1]), len(d))
                           for c, d in zip(cs, ds)])
     return out

@@ -42,6 +42,11 @@ _ENTRIES = {
     "next_token": "next_token:NextToken",
     "next_token_calibrated": "next_token_calibrated:NextTokenCalibrated",
     "next_token_calibrated_nonoracle": "next_token_calibrated_nonoracle:NextTokenCalibratedNonOracle",
+    # the same draws at the prompt's own token starts (the question the sample asked)
+    "question_next_token": "question_next_token:QuestionNextToken",
+    "question_next_token_calibrated": "question_next_token_calibrated:QuestionNextTokenCalibrated",
+    "question_next_token_calibrated_nonoracle":
+        "question_next_token_calibrated_nonoracle:QuestionNextTokenCalibratedNonOracle",
     # learned on the shadow collection
     "cgmia": "cgmia:CGMIA",
     "gotcha": "gotcha:Gotcha",

@@ -1,7 +1,7 @@
 """Text-only memory probes: what the model writes when handed part of a reference solution.
 
-Three probes, each a few greedy continuations per task and nothing but text back, so they work
-on an endpoint that returns no log-probabilities:
+Five probes, each a few greedy continuations or one-token draws per task and nothing but text
+back, so they work on an endpoint that returns no log-probabilities:
 
 - **prefix** (n-gram accuracy, Xu et al. 2024): the prompt plus the reference continuation up to a
   cut point (at 1/4, 1/2 and 3/4 of its characters, moved to the nearest start of a word so no
@@ -25,6 +25,14 @@ on an endpoint that returns no log-probabilities:
   only the top token, which a small or lightly exposed model rarely gets right even for a
   member, while the frequency of the true token moves with every exposure. Against a local
   reference model's draws at the same cuts it is calibrated for how predictable the code is.
+- **question** (the same draws, over the question): cuts at up to ``NEXT_CUTS`` token starts of
+  the prompt itself (signature, docstring, examples), given only the prompt's text before each.
+  Xu et al. score n-gram accuracy over question and answer; a model that read a benchmark's
+  sample read its question too, and a prompt holds more tokens than its solution (HumanEval:
+  about 150 against 60). Its draws are at other positions than ``next``'s, so the two estimate
+  the exposure with independent noise: on the audit matrix's dose-16 target, exact
+  probabilities with 128 draws simulated at 64 cuts read AUC 0.85 over the question, 0.84 over
+  the solution and 0.91 for the two averaged (exact, no draws: 0.955 and 0.927).
 
 Everything a detector needs is rebuilt from the collection (the prompt, the reference, the cut
 offsets, the spans), so probe construction and scoring live here, in one place for the stage
@@ -43,7 +51,7 @@ from rapidfuzz.distance import Levenshtein
 from leakray.data.tasks import continuation, generation_prompt
 from leakray.features.expert import code_tokens
 
-PROBES = ("prefix", "mask", "greedy", "next")
+PROBES = ("prefix", "mask", "greedy", "next", "question")
 PREFIX_FRACTIONS = (0.25, 0.5, 0.75)
 N_MASKS = 3
 N_REWRITES = 4
@@ -105,6 +113,28 @@ def next_given_and_target(prompt: str, reference: str, cut: int) -> tuple[str, s
     program = generation_prompt(prompt) + continuation(prompt, reference)
     at = len(generation_prompt(prompt)) + cut
     return program[:at], program[at:]
+
+
+def question_cuts(prompt: str, reference: str = "", n: int = NEXT_CUTS) -> list[int]:
+    """Cut offsets into the generation prompt for the question probe: its token starts after its
+    first visible character (an empty given text is no request), at most ``n`` spread evenly.
+    ``reference`` is unused: the signature is ``next_cuts``' so both probes are read alike."""
+    head = generation_prompt(prompt)
+    starts = [m.start() for m in _PRETOKEN.finditer(head) if head[: m.start()].strip()]
+    if len(starts) > n:
+        starts = [starts[round(i * (len(starts) - 1) / (n - 1))] for i in range(n)] if n > 1 else starts[:1]
+    return sorted(set(starts))
+
+
+def question_given_and_target(prompt: str, reference: str, cut: int) -> tuple[str, str]:
+    """(the given text, the true rest) of a question cut: the program split at offset ``cut`` of
+    the prompt; the rest runs on into the solution, as the text the model read did."""
+    program = generation_prompt(prompt) + continuation(prompt, reference)
+    return program[:cut], program[cut:]
+
+
+# the sampled probes: probe -> (cuts of a task, the given text and true rest at a cut)
+DRAW_PROBES = {"next": (next_cuts, next_given_and_target), "question": (question_cuts, question_given_and_target)}
 
 
 def mask_spans(prompt: str, reference: str, n: int = N_MASKS) -> list[tuple[int, str]]:

@@ -242,16 +242,17 @@ class SampleStage:
                 got = timed("greedy", lambda: sampler.greedy_probe(prompts, langs, keys, sampler.cfg.max_new_tokens))
                 for i, (p, text) in enumerate(zip(pre, got)):
                     p["greedy"] = (text, pr.rewrite_continuations(prompts[i], refs[i], tests[i], keys[i]))
-            if "next" in self.extra.probes:
-                cuts = [pr.next_cuts(q, r, self.extra.next_cuts) for q, r in zip(prompts, refs)]
-                flat = [(i, pr.next_given_and_target(prompts[i], refs[i], c)[0]) for i, cs in enumerate(cuts) for c in cs]
-                got = timed("next", lambda: sampler.next_token_draws([g for _, g in flat], [keys[i] for i, _ in flat],
-                                                                     self.extra.next_draws))
+            for name in (n for n in pr.DRAW_PROBES if n in self.extra.probes):
+                cut_at, given_at = pr.DRAW_PROBES[name]
+                cuts = [cut_at(q, r, self.extra.next_cuts) for q, r in zip(prompts, refs)]
+                flat = [(i, given_at(prompts[i], refs[i], c)[0]) for i, cs in enumerate(cuts) for c in cs]
+                got = timed(name, lambda: sampler.next_token_draws(
+                    [g for _, g in flat], [draw_key(keys[i], name) for i, _ in flat], self.extra.next_draws))
                 draws: list[list[list[str]]] = [[] for _ in prompts]
                 for (i, _), d in zip(flat, got):
                     draws[i].append(d)
                 for p, c, d in zip(pre, cuts, draws):
-                    p["next"] = (c, d)
+                    p[name] = (c, d)
         except Exception as exc:
             if isinstance(exc, MemoryError) or "OutOfMemory" in type(exc).__name__:
                 raise
@@ -273,7 +274,8 @@ class SampleStage:
         names += [C.UPPER_COMPLETIONS, C.UPPER_PERPLEXITY] if self.extra.upper_case else []
         names += [C.ADV_COMPLETIONS, C.ADV_PERPLEXITY] if adv else []
         names += [c for name in self.extra.probes for c in PROBE_COLUMNS[name]]
-        names += [col for col, s in self._reference_draws() if "next" in self.extra.probes]
+        names += [col for name in self.extra.probes if name in REFERENCE_DRAW_COLUMNS
+                  for col, _ in self._reference_draws(name)]
         names += [C.PROBE_SECONDS] if self.extra.probes else []
         return names + [C.NOTES]
 
@@ -351,11 +353,14 @@ class SampleStage:
                 spans = pr.mask_spans(prompt, ref)
                 out[C.MASK_SPANS] = [span for _, span in spans]
                 out[C.MASK_COMPLETIONS] = self._continue(prompt, ref, [at for at, _ in spans], lang, key)
-            elif name == "next":
-                cuts = pr.next_cuts(prompt, ref, self.extra.next_cuts)
-                given = [pr.next_given_and_target(prompt, ref, c)[0] for c in cuts]
-                out[C.NEXT_CUTS] = cuts
-                out[C.NEXT_DRAWS] = self.sampler.next_token_draws(given, [key] * len(given), self.extra.next_draws)
+            elif name in pr.DRAW_PROBES:
+                cut_at, given_at = pr.DRAW_PROBES[name]
+                cuts = cut_at(prompt, ref, self.extra.next_cuts)
+                given = [given_at(prompt, ref, c)[0] for c in cuts]
+                cuts_col, draws_col = PROBE_COLUMNS[name]
+                out[cuts_col] = cuts
+                out[draws_col] = self.sampler.next_token_draws(given, [draw_key(key, name)] * len(given),
+                                                               self.extra.next_draws)
             else:  # greedy: the prompt alone; its rewrites are made here (no model), the null it is compared with
                 (out[C.GREEDY_COMPLETION],) = self.sampler.greedy_probe([prompt], [lang], [key],
                                                                         self.sampler.cfg.max_new_tokens)
@@ -364,23 +369,25 @@ class SampleStage:
         out[C.PROBE_SECONDS] = seconds
         return self._with_reference_draws(out, prompt, ref, key)
 
-    def _reference_draws(self) -> list[tuple[str, object]]:
-        """(column, sampler) of the local reference models that draw at the next-token cuts too."""
-        return [(col, s) for col, s in ((C.REFMODEL_NEXT_DRAWS, self.ref_sampler), (C.REFALT_NEXT_DRAWS, self.alt_sampler))
+    def _reference_draws(self, probe: str) -> list[tuple[str, object]]:
+        """(column, sampler) of the local reference models that draw at a sampled probe's cuts too."""
+        return [(col, s) for col, s in zip(REFERENCE_DRAW_COLUMNS[probe], (self.ref_sampler, self.alt_sampler))
                 if s is not None]
 
     def _with_reference_draws(self, out: dict, prompt: str, ref: str, key: str) -> dict:
-        """The reference models' draws at the target's next-token cuts (what calibrates the
-        probe for how predictable the code is); their time counts as the probe's."""
-        if C.NEXT_CUTS not in out:
-            return out
-        from leakray.features.probes import PROBES, next_given_and_target
+        """The reference models' draws at the target's cuts of each sampled probe (what
+        calibrates it for how predictable the text is); their time counts as the probe's."""
+        from leakray.features.probes import DRAW_PROBES, PROBES
 
-        t0 = time.perf_counter()
-        given = [next_given_and_target(prompt, ref, c)[0] for c in out[C.NEXT_CUTS]]
-        for col, sampler in self._reference_draws():
-            out[col] = sampler.next_token_draws(given, [key] * len(given), self.extra.next_draws)
-        out[C.PROBE_SECONDS][PROBES.index("next")] += time.perf_counter() - t0
+        for name, (_, given_at) in DRAW_PROBES.items():
+            cuts_col = PROBE_COLUMNS[name][0]
+            if cuts_col not in out:
+                continue
+            t0 = time.perf_counter()
+            given = [given_at(prompt, ref, c)[0] for c in out[cuts_col]]
+            for col, sampler in self._reference_draws(name):
+                out[col] = sampler.next_token_draws(given, [draw_key(key, name)] * len(given), self.extra.next_draws)
+            out[C.PROBE_SECONDS][PROBES.index(name)] += time.perf_counter() - t0
         return out
 
     def _continue(self, prompt: str, ref: str, cuts: list[int], lang: str, key: str) -> list[str]:
@@ -403,7 +410,18 @@ class SampleStage:
 
 
 PROBE_COLUMNS = {"prefix": (C.PREFIX_CUTS, C.PREFIX_COMPLETIONS), "mask": (C.MASK_SPANS, C.MASK_COMPLETIONS),
-                  "greedy": (C.GREEDY_COMPLETION, C.REWRITES), "next": (C.NEXT_CUTS, C.NEXT_DRAWS)}
+                 "greedy": (C.GREEDY_COMPLETION, C.REWRITES), "next": (C.NEXT_CUTS, C.NEXT_DRAWS),
+                 "question": (C.QUESTION_CUTS, C.QUESTION_DRAWS)}
+# the sampled probes' draws under the reference model and the non-oracle reference, at the same cuts
+REFERENCE_DRAW_COLUMNS = {"next": (C.REFMODEL_NEXT_DRAWS, C.REFALT_NEXT_DRAWS),
+                          "question": (C.REFMODEL_QUESTION_DRAWS, C.REFALT_QUESTION_DRAWS)}
+
+
+def draw_key(key: str, probe: str) -> str:
+    """The seed key of a sampled probe's draws: the task's own for ``next`` (its draws as before
+    the question probe existed), the task's and the probe's for the others, so that two probes'
+    draws at a shared prefix are not the same random numbers."""
+    return key if probe == "next" else f"{key}#{probe}"
 
 
 def row_failed(notes) -> bool:
@@ -671,8 +689,9 @@ def collection_stats(table: pa.Table, seconds: float, errors_path: Path | None =
     return {
         **part_stats(table, sum(n_tokens), sum(statuses.values())),
         # each probe's wall time over the collection (what it adds to the sampling pass)
-        # (a collection made before the next-token probe has three entries per row)
-        **({"probe_seconds": {p: round(sum(r[j] for r in probe_s if len(r) > j), 2) for j, p in enumerate(PROBES)}}
+        # (a collection made before the next-token probe has three entries per row, before the question
+        # probe four)
+        **({"probe_seconds": {p: round(sum(r[j] for r in probe_s if len(r) > j), 3) for j, p in enumerate(PROBES)}}
            if probe_s else {}),
         "rows": table.num_rows, "rows_out": table.num_rows, "completions": sum(statuses.values()),
         "unfilled_columns": unfilled_columns(table),

@@ -1,0 +1,79 @@
+"""Does the text-only composite beat its best input? Several dose sweeps of the same leak with
+different member splits (`--set benchmark.fold_seed=N`), read side by side.
+
+    python benchmarks/composite_gain.py OUT_SEED0 OUT_SEED1 ... [--composite text_combined]
+
+Each OUT is a `bench_dose_sweep.py --output` directory. Prints, per dose, every black-box single
+detector's target AUC on each split and its mean over splits, the composite's, and two gains:
+over the best single detector *of each split* (a maximum over noisy siblings, picked after
+seeing the target: biased upward) and over the best *fixed* single detector (the one with the
+highest mean over the splits): the detector an auditor would have to choose before the audit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def split_aucs(out: Path) -> tuple[dict, dict]:
+    """(dose -> detector -> AUC, the sweep's overrides) of one bench_dose_sweep output."""
+    (sweep,) = Path(out).glob("dose-sweep-*")
+    curve = json.loads((sweep / "detectability.json").read_text())
+    got: dict[int, dict[str, float]] = {}
+    for dose, run in curve["runs"].items():
+        report = json.loads((Path(run) / "report.json").read_text())
+        got[int(dose)] = {n: m["auc"] for n, m in report["detectors"].items() if m.get("auc") is not None}
+    bench = Path(out) / "bench_dose_sweep.json"
+    return got, (json.loads(bench.read_text())["overrides"] if bench.exists() else [])
+
+
+def gains(splits: list[dict], composite: str) -> dict:
+    """dose -> {singles: name -> [AUC per split], composite: [...], per-split and fixed gains}."""
+    from leakray.detect import registry
+
+    out = {}
+    for dose in sorted(set.intersection(*(set(s) for s in splits))):
+        names = set.intersection(*(set(s[dose]) for s in splits))
+        singles = sorted(n for n in names if n in registry.names() and registry.spec(n).access == "black box"
+                         and registry.spec(n).family != "composite")
+        per = {n: [s[dose][n] for s in splits] for n in singles}
+        comp = [s[dose][composite] for s in splits]
+        mean = {n: sum(v) / len(v) for n, v in per.items()}
+        fixed = max(mean, key=mean.get)
+        best_each = [max(per[n][i] for n in singles) for i in range(len(splits))]
+        out[dose] = {"singles": per, "composite": comp, "fixed_best": fixed,
+                     "gain_over_best_of_each_split": [round(c - b, 3) for c, b in zip(comp, best_each)],
+                     "gain_over_fixed_best": round(sum(comp) / len(comp) - mean[fixed], 3)}
+    return out
+
+
+def render(result: dict, composite: str, labels: list[str]) -> str:
+    lines = []
+    for dose, r in result.items():
+        lines += [f"dose {dose}", "", "| detector | " + " | ".join(labels) + " | mean |",
+                  "|---|" + "---|" * (len(labels) + 1)]
+        rows = sorted(r["singles"].items(), key=lambda kv: -sum(kv[1]))
+        for name, v in [(f"**{composite}**", r["composite"]), *rows]:
+            mark = " (best fixed)" if name == r["fixed_best"] else ""
+            lines.append(f"| {name}{mark} | " + " | ".join(f"{a:.3f}" for a in v) + f" | {sum(v) / len(v):.3f} |")
+        lines += ["", f"{composite} minus the best single of each split: "
+                  + ", ".join(f"{g:+.3f}" for g in r["gain_over_best_of_each_split"])
+                  + f"; mean minus the best fixed single ({r['fixed_best']}): {r['gain_over_fixed_best']:+.3f}", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("outputs", nargs="+")
+    ap.add_argument("--composite", default="text_combined")
+    args = ap.parse_args()
+    read = [split_aucs(Path(o)) for o in args.outputs]
+    labels = [next((o.split("=", 1)[1] for o in ov if o.startswith("benchmark.fold_seed=")), "0") for _, ov in read]
+    result = gains([r for r, _ in read], args.composite)
+    print(render(result, args.composite, [f"split {x}" for x in labels]))
+
+
+if __name__ == "__main__":
+    main()
