@@ -1,13 +1,18 @@
 """Does the text-only composite beat its best input? Several dose sweeps of the same leak with
 different member splits (`--set benchmark.fold_seed=N`), read side by side.
 
-    python benchmarks/composite_gain.py OUT_SEED0 OUT_SEED1 ... [--composite text_combined]
+    python benchmarks/composite_gain.py OUT_SEED0 OUT_SEED1 ... [--composite text_combined] [--refit]
 
 Each OUT is a `bench_dose_sweep.py --output` directory. Prints, per dose, every black-box single
 detector's target AUC on each split and its mean over splits, the composite's, and two gains:
 over the best single detector *of each split* (a maximum over noisy siblings, picked after
 seeing the target: biased upward) and over the best *fixed* single detector (the one with the
 highest mean over the splits): the detector an auditor would have to choose before the audit.
+
+``--refit`` also reads each run's stored collections (shadow and target) and prints, per split and
+dose: the solution and question probes' oracle calibrations averaged (each standardised on the
+shadow); ``text_combined`` fitted on the shadow with each combiner (what ``auto`` did not choose);
+``leakray_combined`` (``auto``) fitted with and without the question probe's columns.
 """
 
 from __future__ import annotations
@@ -64,15 +69,61 @@ def render(result: dict, composite: str, labels: list[str]) -> str:
     return "\n".join(lines)
 
 
+def refits(run: Path) -> dict:
+    """Target AUCs of one dose run's refits (module docstring, ``--refit``)."""
+    import pyarrow.parquet as pq
+    from sklearn.metrics import roc_auc_score
+
+    from leakray.detect import registry
+    from leakray.schema import C
+
+    shadow, target = (pq.read_table(run / f"collect_{r}" / "collection.parquet") for r in ("shadow", "target"))
+    y = target.column(C.MEMBER).to_numpy()
+    pair = 0.0
+    for name in ("next_token_calibrated", "question_next_token_calibrated"):
+        d = registry.make(name)
+        ref = d.score(shadow)
+        pair = pair + (d.score(target) - ref.mean()) / ref.std()
+    out = {"pair": roc_auc_score(y, pair)}
+    for comb in ("logistic", "unit", "pooled"):
+        out[f"text_combined {comb}"] = roc_auc_score(y, registry.make("text_combined", {"combiner": comb})
+                                                     .fit(shadow, 0).score(target))
+    question = [C.QUESTION_CUTS, C.QUESTION_DRAWS, C.REFMODEL_QUESTION_DRAWS, C.REFALT_QUESTION_DRAWS]
+    for label, (s, t) in (("with", (shadow, target)),
+                          ("without", (shadow.drop_columns(question), target.drop_columns(question)))):
+        out[f"leakray_combined {label} question"] = roc_auc_score(y, registry.make("leakray_combined")
+                                                                  .fit(s, 0).score(t))
+    return out
+
+
+def render_refits(outputs: list[str], labels: list[str]) -> str:
+    lines = ["| split | dose | " + " | ".join(("solution + question (oracle calibrations)",
+                                               "text_combined logistic / unit / pooled",
+                                               "leakray_combined with / without question")) + " |",
+             "|---|---|---|---|---|"]
+    for out, label in zip(outputs, labels):
+        (sweep,) = Path(out).glob("dose-sweep-*")
+        runs = json.loads((sweep / "detectability.json").read_text())["runs"]
+        for dose, run in sorted(runs.items(), key=lambda kv: int(kv[0])):
+            r = refits(Path(run))
+            lines.append(f"| {label} | {dose} | {r['pair']:.3f} | " + " / ".join(
+                f"{r[f'text_combined {c}']:.3f}" for c in ("logistic", "unit", "pooled")) + " | "
+                + f"{r['leakray_combined with question']:.3f} / {r['leakray_combined without question']:.3f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("outputs", nargs="+")
     ap.add_argument("--composite", default="text_combined")
+    ap.add_argument("--refit", action="store_true", help="refit the composites on the stored collections")
     args = ap.parse_args()
     read = [split_aucs(Path(o)) for o in args.outputs]
     labels = [next((o.split("=", 1)[1] for o in ov if o.startswith("benchmark.fold_seed=")), "0") for _, ov in read]
     result = gains([r for r, _ in read], args.composite)
     print(render(result, args.composite, [f"split {x}" for x in labels]))
+    if args.refit:
+        print(render_refits(args.outputs, labels))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """How many draws the next-token probe needs: exact token probabilities of a dose-sweep target and
 of a reference model, then binomial draws simulated at every token of each reference solution.
 
-    python benchmarks/sim_next_token_draws.py DOSE_RUN_DIR [--reference MODEL] [--question]
+    python benchmarks/sim_next_token_draws.py DOSE_RUN_DIR [--reference MODEL] [--question [--cuts N]]
 
 DOSE_RUN_DIR is one dose's run directory (`<output>/dose-sweep-*/humaneval-*`, with `folds/` and
 `target/model`); the reference defaults to the sweep's oracle base (its `base` stage). Prints the
@@ -11,8 +11,8 @@ is a design aid, not a detector: the probe itself sees only the draws (docs/LEAK
 output on the dose-16 target: 64 cuts, calibrated 0.75 at 16 draws, 0.82 at 32, 0.88 at 128).
 
 With ``--question`` it reads the prompt's tokens too (the question probe's positions) and prints,
-at 64 cuts and 128 draws, the calibrated statistic over the solution, over the question, and the
-two averaged (each standardised), with the exact (no draws) AUC of each region beside them: how
+at 64 cuts (``--cuts``) and 128 draws, the calibrated statistic over the solution, over the
+question, and the two averaged (each standardised), with the exact (no draws) AUC of each region beside them: how
 much a composite of the two sampled probes can gain, before a sweep measures it."""
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ def main() -> None:
     ap.add_argument("run_dir")
     ap.add_argument("--reference", default=None, help="reference model (default: the sweep's base in the cache)")
     ap.add_argument("--question", action="store_true", help="the question probe's positions beside the solution's")
+    ap.add_argument("--cuts", type=int, default=64, help="cuts per region with --question (default 64, the probes')")
     args = ap.parse_args()
     run = Path(args.run_dir)
     folds = json.loads((run / "folds" / "folds.json").read_text())
@@ -71,7 +72,7 @@ def main() -> None:
 
     if args.question:
         return regions(y, token_probs(str(run / "target" / "model"), tasks, True),
-                       token_probs(reference, tasks, True), stat)
+                       token_probs(reference, tasks, True), stat, args.cuts)
     target, ref = token_probs(str(run / "target" / "model"), tasks), token_probs(reference, tasks)
 
     for cuts in (64, 128, 256):
@@ -88,12 +89,12 @@ def main() -> None:
             print(f"cuts {cuts:4d}  draws {n:4d}: AUC alone {np.mean(alone):.3f}  calibrated {np.mean(calibrated):.3f}")
 
 
-def regions(y: np.ndarray, target: list, ref: list, stat) -> None:
-    """Calibrated AUC over the solution, the question and both (64 cuts, 128 draws; 10 simulations)."""
+def regions(y: np.ndarray, target: list, ref: list, stat, cuts: int = 64) -> None:
+    """Calibrated AUC over the solution, the question and both (``cuts`` cuts, 128 draws; 10 simulations)."""
     from sklearn.metrics import roc_auc_score
 
     def even(p: np.ndarray) -> np.ndarray:
-        return np.unique(np.round(np.linspace(0, len(p) - 1, min(64, len(p)))).astype(int))
+        return np.unique(np.round(np.linspace(0, len(p) - 1, min(cuts, len(p)))).astype(int))
 
     for r, name in ((1, "solution"), (0, "question")):
         exact = [np.mean(np.log(t[r])) - np.mean(np.log(q[r])) for t, q in zip(target, ref)]
@@ -106,7 +107,7 @@ def regions(y: np.ndarray, target: list, ref: list, stat) -> None:
         for key, v in zip(got, (*per, both)):
             got[key].append(roc_auc_score(y, v))
     for key, v in got.items():
-        print(f"64 cuts x 128 draws, calibrated, {key}: AUC {np.mean(v):.3f}")
+        print(f"{cuts} cuts x 128 draws, calibrated, {key}: AUC {np.mean(v):.3f}")
 
 
 if __name__ == "__main__":
