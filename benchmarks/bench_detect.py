@@ -16,6 +16,10 @@ With ``--memory``: every detector (``--only``, default all that the collections 
 tracemalloc's per-detector trace on and off (``detect.trace_memory``), side by side, and the CPU
 ratio; the resident-set peak (``peak_rss_mb``, sampled by a thread) is taken in both.
 
+With ``--rss``: every detector group with the resident-set peak read from the kernel's
+high-water mark (the default, ``leakray.protocols.rss_peak``) and from a thread sampling it at
+100 Hz (before), side by side after a warm-up run of each group, with the CPU ratio and both peaks.
+
 The stage's wall time on the demo (Ray tasks, Ray Train and Tune side by side) is in the
 demo's marker; this script shows where the core-seconds went.
 """
@@ -43,9 +47,12 @@ def main() -> None:
     ap.add_argument("--only", default=None,
                     help="detectors (default: the learned ones; with --memory every one the collections allow)")
     ap.add_argument("--memory", action="store_true", help="tracemalloc on against off, per detector")
+    ap.add_argument("--rss", action="store_true", help="the high-water mark against a sampling thread, per detector")
     args = ap.parse_args()
     if args.memory:
         return memory(args)
+    if args.rss:
+        return rss(args)
     args.only = args.only or "advprompt,cgmia,cnn,lstm,transformer,leakray_combined,text_combined,gotcha"
 
     import pyarrow.parquet as pq
@@ -97,26 +104,73 @@ def main() -> None:
           f"ratio {together / apart:.2f}")
 
 
-def memory(args) -> None:
-    """CPU seconds of each detector group (fit + threshold + scoring, every seed, one process) with
-    detect.trace_memory off and on, and the resident-set peak each time."""
-    import pyarrow.parquet as pq
-    import torch
-
+def _groups(args, shadow, target) -> dict[str, list[str]]:
     from leakray.detect import registry
-    from leakray.detect.base import FitContext, missing_input
-    from leakray.protocols.detectors import fit_and_score
+    from leakray.detect.base import missing_input
 
-    torch.set_num_threads(1)
-    shadow = pq.read_table(args.run_dir / "collect_shadow" / "collection.parquet")
-    target = pq.read_table(args.run_dir / "collect_target" / "collection.parquet")
-    seeds, ctx, boot = list(range(args.seeds)), FitContext(), {"n_bootstrap": 0, "bootstrap_seed": 0}
     names = args.only.split(",") if args.only else [
         n for n in registry.resolve("all")
         if not (missing_input(shadow, registry.spec(n).columns) or missing_input(target, registry.spec(n).columns))]
     groups: dict[str, list[str]] = {}  # as the stage fits them: a group's detectors in one call
     for n in names:
         groups.setdefault(registry.detector_class(n).group or n, []).append(n)
+    return groups
+
+
+def rss(args) -> None:
+    """CPU seconds of each detector group (fit + threshold + scoring, every seed, one process, the
+    process's every thread counted) with the resident-set peak read from the kernel's high-water
+    mark and from a 100 Hz sampling thread, one after the other, and both peaks."""
+    import pyarrow.parquet as pq
+    import torch
+
+    from leakray.detect.base import FitContext
+    from leakray.protocols import rss_peak
+    from leakray.protocols.detectors import fit_and_score
+
+    torch.set_num_threads(1)
+    shadow = pq.read_table(args.run_dir / "collect_shadow" / "collection.parquet")
+    target = pq.read_table(args.run_dir / "collect_target" / "collection.parquet")
+    seeds, ctx, boot = list(range(args.seeds)), FitContext(), {"n_bootstrap": 0, "bootstrap_seed": 0}
+    print(f"{shadow.num_rows} shadow rows, {target.num_rows} target rows, seeds {seeds}; CPU seconds, one thread")
+    print(f"{'detector group':<34}{'sampled':>9}{'mark':>8}{'ratio':>7}{'peak MB sampled':>17}{'peak MB mark':>14}")
+    total = [0.0, 0.0]
+
+    def one(members, mark: bool):
+        rss_peak.USE_MARK = mark
+        try:
+            return cpu(lambda: fit_and_score((members, seeds), shadow, target, {}, ctx, False, boot))
+        finally:
+            rss_peak.USE_MARK = True
+
+    for members in _groups(args, shadow, target).values():
+        one(members, True)  # a warm-up: lazy imports and the allocator's first growth go to neither side
+        sampled, t_s = one(members, False)
+        marked, t_m = one(members, True)
+        if "skipped" in sampled:
+            print(f"{','.join(members)[:33]:<34} skipped: {sampled['skipped']}")
+            continue
+        total[0] += t_s
+        total[1] += t_m
+        print(f"{','.join(members)[:33]:<34}{t_s:>9.1f}{t_m:>8.1f}{t_m / max(t_s, 1e-9):>7.2f}"
+              f"{sampled['cost']['peak_rss_mb'] or 0:>17.1f}{marked['cost']['peak_rss_mb'] or 0:>14.1f}")
+    print(f"{'total':<34}{total[0]:>9.1f}{total[1]:>8.1f}{total[1] / total[0]:>7.2f}")
+
+
+def memory(args) -> None:
+    """CPU seconds of each detector group (fit + threshold + scoring, every seed, one process) with
+    detect.trace_memory off and on, and the resident-set peak each time."""
+    import pyarrow.parquet as pq
+    import torch
+
+    from leakray.detect.base import FitContext
+    from leakray.protocols.detectors import fit_and_score
+
+    torch.set_num_threads(1)
+    shadow = pq.read_table(args.run_dir / "collect_shadow" / "collection.parquet")
+    target = pq.read_table(args.run_dir / "collect_target" / "collection.parquet")
+    seeds, ctx, boot = list(range(args.seeds)), FitContext(), {"n_bootstrap": 0, "bootstrap_seed": 0}
+    groups = _groups(args, shadow, target)
     print(f"{shadow.num_rows} shadow rows, {target.num_rows} target rows, seeds {seeds}; CPU seconds, one thread")
     print(f"{'detector group':<30}{'untraced':>10}{'traced':>10}{'ratio':>8}{'peak RSS MB':>13}{'py peak MB':>12}")
     total = [0.0, 0.0]

@@ -38,13 +38,18 @@ def test_saturated_leak_is_not_graded():
 
 def test_markdown_has_every_detector_row():
     report = {"benchmark": {"name": "humaneval"}, "protocol": "p",
-              "detectors": {"cgmia": {"auc": 0.9}, "detectleak": {"auc": float("nan")}},
+              "detectors": {"cgmia": {"auc": 0.9, "cost": {"wall_s": 2.0, "peak_rss_mb": 147.25, "peak_rss_how": "sampled"}},
+                            "detectleak": {"auc": float("nan"), "cost": {"wall_s": 0.1, "peak_rss_mb": 3.5,
+                                                                         "peak_rss_how": "high-water mark"}}},
               "leak": {r: leak_summary(_table([_row(1, [True, False], [0.1, 0.3]),
                                                _row(0, [False, False], [0.8, 0.9])])) for r in ("target", "shadow")},
               "timings_s": {"base": 1.0}, "models": {}, "collections": {}, "seeds": {}}
     md = render_markdown(report)
     assert "| cgmia |" in md and "0.900" in md and "| detectleak |" in md and "nan" in md
     assert "graded leak: **yes**" in md
+    # a sampled peak is a lower bound and says so; the kernel's mark is exact
+    assert "≥ 147.250" in md.split("| cgmia |")[1].split("\n")[0]
+    assert "≥" not in md.split("| detectleak |")[1].split("\n")[0] and "3.500" in md
 
 
 def _write_marker(run_dir, stage, **info):

@@ -66,8 +66,9 @@ DEFAULT_DETECTORS = ("cgmia", "detectleak", "ref_loss", "gt_match")  # the pre-r
 
 COST_NOTE = ("wall_s: fit + threshold + target scoring, all seeds (summed over the tasks when a detector's seeds "
              "ran as separate tasks). peak_rss_mb: the largest growth of the resident set of the process that ran "
-             "it (numpy, torch and native libraries included; sampled every 10 ms, so a shorter peak can be "
-             "missed; the largest over its seed tasks). py_peak_mb, with detect.trace_memory only: tracemalloc's "
+             "it (numpy, torch and native libraries included; the kernel's high-water mark, exact, where the "
+             "detector was the only one measured in its process; otherwise sampled every 10 ms, so a shorter "
+             "peak can be missed; the largest over its seed tasks; peak_rss_how says which). py_peak_mb, with detect.trace_memory only: tracemalloc's "
              "peak of Python-level allocations (numpy counted, torch tensors not; it makes fitting ~2x as "
              "costly in CPU). Work in Ray Train and Tune runs is in neither memory figure: their groups report "
              "the driver's side. With parallel, the groups run from the driver (the Tune search; CGMIA, which "
@@ -111,7 +112,7 @@ class _Cost:
 
     def to_dict(self, **extra: Any) -> dict[str, Any]:
         return {"wall_s": round(self.wall_s, 3), "peak_rss_mb": _round(self.peak_rss_mb),
-                "py_peak_mb": _round(self.py_peak_mb), **extra}
+                "peak_rss_how": self._rss.how, "py_peak_mb": _round(self.py_peak_mb), **extra}
 
 
 def _round(mb: float | None) -> float | None:
@@ -175,7 +176,10 @@ def _merge_seed_jobs(outcomes: list[dict]) -> list[dict]:
             cost, more = have["cost"], out["cost"]
             have["cost"] = {"wall_s": round(cost["wall_s"] + more["wall_s"], 3),
                             "peak_rss_mb": _larger(cost.get("peak_rss_mb"), more.get("peak_rss_mb")),
-                            "py_peak_mb": _larger(cost.get("py_peak_mb"), more.get("py_peak_mb"))}
+                            "py_peak_mb": _larger(cost.get("py_peak_mb"), more.get("py_peak_mb")),
+                            # exact only if every seed task's peak was
+                            "peak_rss_how": "sampled" if "sampled" in (cost.get("peak_rss_how"), more.get("peak_rss_how"))
+                            else cost.get("peak_rss_how")}
     return list(merged.values())  # a detector's seed jobs come back in the order they were submitted
 
 

@@ -261,7 +261,10 @@ def render_markdown(r: dict) -> str:
                 v = f"{v} of {m['n_repeats']}"
             cells.append(_fmt(v))
         cost = m.get("cost") or {}
-        cells += [_fmt(m.get("access")), _fmt(cost.get("wall_s")), _fmt(cost.get("peak_rss_mb"))]
+        peak = _fmt(cost.get("peak_rss_mb"))
+        if cost.get("peak_rss_how") == "sampled" and cost.get("peak_rss_mb") is not None:
+            peak = "≥ " + peak  # a sampler can miss a shorter peak: what it saw is a lower bound
+        cells += [_fmt(m.get("access")), _fmt(cost.get("wall_s")), peak]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "Sorted by AUC. Wall time covers fit, threshold and scoring over all seeds; "
               + ((r.get("detectors_full") or {}).get("cost_note") or "")]
