@@ -117,15 +117,16 @@ def _groups(args, shadow, target) -> dict[str, list[str]]:
     return groups
 
 
-def rss(args) -> None:
-    """CPU seconds of each detector group (fit + threshold + scoring, every seed, one process, the
-    process's every thread counted) with the resident-set peak read from the kernel's high-water
-    mark and from a 100 Hz sampling thread, one after the other, and both peaks."""
+def _side_by_side(args, columns: tuple[str, str], run, peaks: tuple[tuple[str, str, str], ...],
+                  warm_up: bool = False) -> None:
+    """Each detector group (fit + threshold + scoring, every seed, one process, torch on one
+    thread) run two ways, ``run(fit, which)`` with which 0 then 1 around the stage's
+    ``fit_and_score``; prints both CPU times, their ratio and the ``peaks`` columns
+    (header, which side's cost, cost key)."""
     import pyarrow.parquet as pq
     import torch
 
     from leakray.detect.base import FitContext
-    from leakray.protocols import rss_peak
     from leakray.protocols.detectors import fit_and_score
 
     torch.set_num_threads(1)
@@ -133,58 +134,48 @@ def rss(args) -> None:
     target = pq.read_table(args.run_dir / "collect_target" / "collection.parquet")
     seeds, ctx, boot = list(range(args.seeds)), FitContext(), {"n_bootstrap": 0, "bootstrap_seed": 0}
     print(f"{shadow.num_rows} shadow rows, {target.num_rows} target rows, seeds {seeds}; CPU seconds, one thread")
-    print(f"{'detector group':<34}{'sampled':>9}{'mark':>8}{'ratio':>7}{'peak MB sampled':>17}{'peak MB mark':>14}")
+    print(f"{'detector group':<34}{columns[0]:>10}{columns[1]:>10}{'ratio':>7}"
+          + "".join(f"{h:>{len(h) + 3}}" for h, _, _ in peaks))
     total = [0.0, 0.0]
+    for members in _groups(args, shadow, target).values():
+        def fit(trace: bool = False, members=members):
+            return cpu(lambda: fit_and_score((members, seeds), shadow, target, {}, ctx, trace, boot))
 
-    def one(members, mark: bool):
-        rss_peak.USE_MARK = mark
+        if warm_up:
+            run(fit, 1)  # lazy imports and the allocator's first growth go to neither side
+        (a, t_a), (b, t_b) = run(fit, 0), run(fit, 1)
+        if "skipped" in a:
+            print(f"{','.join(members)[:33]:<34} skipped: {a['skipped']}")
+            continue
+        total[0] += t_a
+        total[1] += t_b
+        print(f"{','.join(members)[:33]:<34}{t_a:>10.1f}{t_b:>10.1f}{t_b / max(t_a, 1e-9):>7.2f}"
+              + "".join(f"{((a, b)[side == 'b']['cost'][key] or 0):>{len(h) + 3}.1f}" for h, side, key in peaks))
+    print(f"{'total':<34}{total[0]:>10.1f}{total[1]:>10.1f}{total[1] / total[0]:>7.2f}")
+
+
+def rss(args) -> None:
+    """The resident-set peak read from a 100 Hz sampling thread (before) and from the kernel's
+    high-water mark (after), after a warm-up run of each group: CPU seconds (the process's
+    every thread counted) and both peaks."""
+    from leakray.protocols import rss_peak
+
+    def run(fit, which: int):
+        rss_peak.USE_MARK = bool(which)
         try:
-            return cpu(lambda: fit_and_score((members, seeds), shadow, target, {}, ctx, False, boot))
+            return fit()
         finally:
             rss_peak.USE_MARK = True
 
-    for members in _groups(args, shadow, target).values():
-        one(members, True)  # a warm-up: lazy imports and the allocator's first growth go to neither side
-        sampled, t_s = one(members, False)
-        marked, t_m = one(members, True)
-        if "skipped" in sampled:
-            print(f"{','.join(members)[:33]:<34} skipped: {sampled['skipped']}")
-            continue
-        total[0] += t_s
-        total[1] += t_m
-        print(f"{','.join(members)[:33]:<34}{t_s:>9.1f}{t_m:>8.1f}{t_m / max(t_s, 1e-9):>7.2f}"
-              f"{sampled['cost']['peak_rss_mb'] or 0:>17.1f}{marked['cost']['peak_rss_mb'] or 0:>14.1f}")
-    print(f"{'total':<34}{total[0]:>9.1f}{total[1]:>8.1f}{total[1] / total[0]:>7.2f}")
+    _side_by_side(args, ("sampled", "mark"), run,
+                  (("peak MB sampled", "a", "peak_rss_mb"), ("peak MB mark", "b", "peak_rss_mb")), warm_up=True)
 
 
 def memory(args) -> None:
-    """CPU seconds of each detector group (fit + threshold + scoring, every seed, one process) with
-    detect.trace_memory off and on, and the resident-set peak each time."""
-    import pyarrow.parquet as pq
-    import torch
-
-    from leakray.detect.base import FitContext
-    from leakray.protocols.detectors import fit_and_score
-
-    torch.set_num_threads(1)
-    shadow = pq.read_table(args.run_dir / "collect_shadow" / "collection.parquet")
-    target = pq.read_table(args.run_dir / "collect_target" / "collection.parquet")
-    seeds, ctx, boot = list(range(args.seeds)), FitContext(), {"n_bootstrap": 0, "bootstrap_seed": 0}
-    groups = _groups(args, shadow, target)
-    print(f"{shadow.num_rows} shadow rows, {target.num_rows} target rows, seeds {seeds}; CPU seconds, one thread")
-    print(f"{'detector group':<30}{'untraced':>10}{'traced':>10}{'ratio':>8}{'peak RSS MB':>13}{'py peak MB':>12}")
-    total = [0.0, 0.0]
-    for members in groups.values():
-        off, t_off = cpu(lambda: fit_and_score((members, seeds), shadow, target, {}, ctx, False, boot))
-        on, t_on = cpu(lambda: fit_and_score((members, seeds), shadow, target, {}, ctx, True, boot))
-        if "skipped" in off:
-            print(f"{','.join(members):<30} skipped: {off['skipped']}")
-            continue
-        total[0] += t_off
-        total[1] += t_on
-        print(f"{','.join(members):<30}{t_off:>10.1f}{t_on:>10.1f}{t_on / max(t_off, 1e-9):>8.2f}"
-              f"{off['cost']['peak_rss_mb'] or 0:>13.1f}{on['cost']['py_peak_mb'] or 0:>12.1f}")
-    print(f"{'total':<30}{total[0]:>10.1f}{total[1]:>10.1f}{total[1] / total[0]:>8.2f}")
+    """detect.trace_memory off and on: CPU seconds, the resident-set peak untraced and
+    tracemalloc's peak traced."""
+    _side_by_side(args, ("untraced", "traced"), lambda fit, which: fit(trace=bool(which)),
+                  (("peak RSS MB", "a", "peak_rss_mb"), ("py peak MB", "b", "py_peak_mb")))
 
 
 if __name__ == "__main__":
