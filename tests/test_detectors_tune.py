@@ -261,11 +261,13 @@ def test_a_detectors_seed_tasks_merge_in_order_and_one_skipped_seed_skips_it():
         return {"members": [name], "rows": {name: [{"detector": NS(seed=seed)}]},
                 "cost": {"wall_s": wall, "peak_rss_mb": peak, "peak_rss_how": how, "py_peak_mb": None}}
 
-    merged = _merge_seed_jobs([out("gotcha", 3, 1.0), out("min_k", 0, 0.5), out("gotcha", 1, 2.0, peak=4.0, how="sampled"),
+    merged = _merge_seed_jobs([out("gotcha", 3, 1.0), out("min_k", 0, 0.5),
+                               out("gotcha", 1, 2.0, peak=4.0, how="sampled"),
                                {"members": ["cdd"], "skipped": "no column"}, out("cdd", 1, 1.0)])
     by = {o["members"][0]: o for o in merged}
     assert [r["detector"].seed for r in by["gotcha"]["rows"]["gotcha"]] == [3, 1]  # submission order
     # one seed task's peak was sampled: the merged peak is not exact
-    assert by["gotcha"]["cost"] == {"wall_s": 3.0, "peak_rss_mb": 4.0, "py_peak_mb": None, "peak_rss_how": "sampled"}
+    assert by["gotcha"]["cost"] == {"wall_s": 3.0, "peak_rss_mb": 4.0, "py_peak_mb": None,
+                                    "peak_rss_how": "sampled"}
     assert by["cdd"] == {"members": ["cdd"], "skipped": "no column"}
     assert len(by["min_k"]["rows"]["min_k"]) == 1

@@ -38,7 +38,8 @@ def test_saturated_leak_is_not_graded():
 
 def test_markdown_has_every_detector_row():
     report = {"benchmark": {"name": "humaneval"}, "protocol": "p",
-              "detectors": {"cgmia": {"auc": 0.9, "cost": {"wall_s": 2.0, "peak_rss_mb": 147.25, "peak_rss_how": "sampled"}},
+              "detectors": {"cgmia": {"auc": 0.9, "cost": {"wall_s": 2.0, "peak_rss_mb": 147.25,
+                                                           "peak_rss_how": "sampled"}},
                             "detectleak": {"auc": float("nan"), "cost": {"wall_s": 0.1, "peak_rss_mb": 3.5,
                                                                          "peak_rss_how": "high-water mark"}}},
               "leak": {r: leak_summary(_table([_row(1, [True, False], [0.1, 0.3]),

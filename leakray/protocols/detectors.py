@@ -68,9 +68,9 @@ COST_NOTE = ("wall_s: fit + threshold + target scoring, all seeds (summed over t
              "ran as separate tasks). peak_rss_mb: the largest growth of the resident set of the process that ran "
              "it (numpy, torch and native libraries included; the kernel's high-water mark, exact, where the "
              "detector was the only one measured in its process; otherwise sampled every 10 ms, so a shorter "
-             "peak can be missed; the largest over its seed tasks; peak_rss_how says which). py_peak_mb, with detect.trace_memory only: tracemalloc's "
-             "peak of Python-level allocations (numpy counted, torch tensors not; it makes fitting ~2x as "
-             "costly in CPU). Work in Ray Train and Tune runs is in neither memory figure: their groups report "
+             "peak can be missed; the largest over its seed tasks; peak_rss_how says which). py_peak_mb, with "
+             "detect.trace_memory only: tracemalloc's peak of Python-level allocations (numpy counted, torch "
+             "tensors not; it makes fitting ~2x as costly in CPU). Work in Ray Train and Tune runs is in neither memory figure: their groups report "
              "the driver's side. With parallel, the groups run from the driver (the Tune search; CGMIA, which "
              "on CPUs fits in the driver) run side by side in its threads, so their peak_rss_mb share one "
              "process and their py_peak_mb is null (tracemalloc is process-wide). trial_s sums a Tune-searched model's trial fit "
@@ -121,6 +121,11 @@ def _round(mb: float | None) -> float | None:
 
 def _larger(a: float | None, b: float | None) -> float | None:
     return a if b is None else b if a is None else max(a, b)
+
+
+def _how(a: str | None, b: str | None) -> str | None:
+    """How two seed tasks' merged peak was read: exact only if both were."""
+    return "sampled" if "sampled" in (a, b) else a
 
 
 def fit_and_score(job: tuple[list[str], list[int]], shadow: pa.Table, target: pa.Table,
@@ -177,9 +182,7 @@ def _merge_seed_jobs(outcomes: list[dict]) -> list[dict]:
             have["cost"] = {"wall_s": round(cost["wall_s"] + more["wall_s"], 3),
                             "peak_rss_mb": _larger(cost.get("peak_rss_mb"), more.get("peak_rss_mb")),
                             "py_peak_mb": _larger(cost.get("py_peak_mb"), more.get("py_peak_mb")),
-                            # exact only if every seed task's peak was
-                            "peak_rss_how": "sampled" if "sampled" in (cost.get("peak_rss_how"), more.get("peak_rss_how"))
-                            else cost.get("peak_rss_how")}
+                            "peak_rss_how": _how(cost.get("peak_rss_how"), more.get("peak_rss_how"))}
     return list(merged.values())  # a detector's seed jobs come back in the order they were submitted
 
 
