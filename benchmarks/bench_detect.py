@@ -20,6 +20,14 @@ With ``--rss``: every detector group with the resident-set peak read from the ke
 high-water mark (the default, ``leakray.protocols.rss_peak``) and from a thread sampling it at
 100 Hz (before), side by side after a warm-up run of each group, with the CPU ratio and both peaks.
 
+With ``--advprompt``: the detect stage's two AdvPrompt-MIA parts beside the registry's detectors
+(the gray-box setting over the seeds; RQ2's ablation: 1 + 5 kinds + 27 features = 33 fits at
+seed 0), CPU seconds each; then whether training several of AdvPrompt's classifiers as one
+stacked model (one batched matrix product per layer, one fused Adam step for all) would make
+those fits cheaper: K fits of the real ``advprompt.fit`` on the shadow collection one after
+another, against K same-shaped MLPs (same layers, dropout, batches of 4, epochs, fused Adam)
+stacked, per fit.
+
 The stage's wall time on the demo (Ray tasks, Ray Train and Tune side by side) is in the
 demo's marker; this script shows where the core-seconds went.
 """
@@ -48,7 +56,11 @@ def main() -> None:
                     help="detectors (default: the learned ones; with --memory every one the collections allow)")
     ap.add_argument("--memory", action="store_true", help="tracemalloc on against off, per detector")
     ap.add_argument("--rss", action="store_true", help="the high-water mark against a sampling thread, per detector")
+    ap.add_argument("--advprompt", action="store_true",
+                    help="AdvPrompt's gray-box and ablation parts, and its fits one by one against stacked")
     args = ap.parse_args()
+    if args.advprompt:
+        return advprompt(args)
     if args.memory:
         return memory(args)
     if args.rss:
@@ -102,6 +114,65 @@ def main() -> None:
     together = run(["cgmia", "cgmia_ensemble"])
     print(f"\ncgmia + cgmia_ensemble (fused Adam): apart {apart:.1f} s, one group {together:.1f} s, "
           f"ratio {together / apart:.2f}")
+
+
+def advprompt(args) -> None:
+    import pyarrow.parquet as pq
+    import torch
+
+    from leakray.detect import advprompt as ap
+    from leakray.protocols.advprompt_eval import advprompt_part
+
+    torch.set_num_threads(1)
+    shadow = pq.read_table(args.run_dir / "collect_shadow" / "collection.parquet")
+    target = pq.read_table(args.run_dir / "collect_target" / "collection.parquet")
+    seeds = list(range(args.seeds))
+    print(f"{shadow.num_rows} shadow rows, {target.num_rows} target rows, seeds {seeds}; CPU seconds, one thread")
+    for part in ("graybox", "ablation"):
+        out, spent = cpu(lambda: advprompt_part(part, shadow, target, seeds, "shadow_max_mcc", 1000))
+        print(f"AdvPrompt {part:<9}{spent:>8.1f}" + (f"  (skipped: {out['skipped']})" if "skipped" in out else ""))
+
+    cfg = ap.AdvPromptConfig()
+    arrays = ap.arrays_from_table(shadow)
+    x = torch.as_tensor(ap.fit(arrays, cfg, 0).inputs(arrays))  # the real inputs [n, 27]
+    y = torch.as_tensor(arrays["member"].astype("int64"))
+    print(f"\nfits of AdvPrompt's classifier ({x.shape[1]}-{'-'.join(map(str, cfg.hidden))}-2, {cfg.epochs} epochs, "
+          f"batches of {cfg.batch_size}, fused Adam), CPU seconds per fit")
+    print(f"{'K fits':<8}{'one by one':>12}{'stacked':>10}{'ratio':>8}")
+    for k in (1, 4, 8, 33):
+        one = cpu(lambda: [ap.fit(arrays, cfg, s) for s in range(k)])[1] / k
+        stacked = cpu(lambda: _stacked_fits(x, y, k, cfg))[1] / k
+        print(f"{k:<8}{one:>12.2f}{stacked:>10.2f}{stacked / one:>8.2f}")
+
+
+def _stacked_fits(x, y, k: int, cfg) -> None:
+    """``k`` MLPs shaped like AdvPrompt's, trained at once: weights [k, in, out], one batched
+    matrix product per layer, one fused Adam step over all of them; each its own row order."""
+    import torch
+    import torch.nn.functional as F
+
+    from leakray.models.kernels import adam
+
+    torch.manual_seed(0)
+    dims = [x.shape[1], *cfg.hidden, 2]
+    weights = [(torch.randn(k, a, b) / a ** 0.5).requires_grad_() for a, b in zip(dims[:-1], dims[1:])]
+    biases = [torch.zeros(k, 1, b, requires_grad=True) for b in dims[1:]]
+    opt = adam(weights + biases, lr=cfg.lr)
+    n = len(y)
+    for _ in range(cfg.epochs):
+        order = torch.stack([torch.randperm(n) for _ in range(k)])
+        for s in range(0, n, cfg.batch_size):
+            idx = order[:, s:s + cfg.batch_size]
+            h = x[idx]
+            for i, (w, b) in enumerate(zip(weights, biases)):
+                h = torch.baddbmm(b, h, w)
+                if i < len(weights) - 1:
+                    h = F.dropout(F.relu(h), cfg.dropout)
+            # the sum of each model's mean loss: every model gets its own gradient
+            loss = F.cross_entropy(h.reshape(-1, 2), y[idx].reshape(-1), reduction="sum") / idx.shape[1]
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
 
 
 def _groups(args, shadow, target) -> dict[str, list[str]]:

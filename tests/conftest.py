@@ -20,6 +20,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# No usage reporting from the suite's drivers: each cluster a driver runs Ray Data on otherwise
+# starts a usage-collection actor (one more process importing Ray Data, ~2 CPU s) that the tests
+# never read; `ray start --disable-usage-stats` reaches the head's processes, not the drivers'.
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
 # The modules whose tests run on the real head (`ray_head`): one xdist worker runs them one after
