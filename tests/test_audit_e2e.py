@@ -12,9 +12,7 @@ import pytest
 from conftest import ROOT  # ray_head (a real `ray start --head`) is conftest's session fixture
 
 AUDIT = ["--quick", "--set", "detect.detectors=[ref_loss,min_k,gt_match,cgmia,advprompt,toy]", "--set", "audit.member_fraction=0.25",
-         "--set", "columns.upper_case=false", "--set", "detect.trace_memory=false",
-         # one sampler process per collection: the suite is CPU-bound on two cores (tests/test_e2e.py)
-         "--set", "ray.sample_actors=1"]
+         "--set", "columns.upper_case=false", "--set", "detect.trace_memory=false"]
 
 
 @pytest.mark.slow

@@ -17,10 +17,7 @@ SMALL = ["--quick", "--set", "target.epochs=25", "--set", "shadow.epochs=25", "-
          "--set", "detect.detectors=[cgmia,ref_loss,gt_match,detectleak,min_k,advprompt,toy]",
          "--set", "detect.advprompt_ablation=false", "--set", "columns.upper_case=false",
          # what the assertions need, not a measurement: no tracemalloc, fewer bootstrap resamples
-         "--set", "detect.trace_memory=false", "--set", "detect.bootstrap=200",
-         # one sampler process per collection, not two: the suite is CPU-bound on two cores and each
-         # sampler imports torch and transformers and loads three models first (199 -> 180 CPU s)
-         "--set", "ray.sample_actors=1"]
+         "--set", "detect.trace_memory=false", "--set", "detect.bootstrap=200"]
 
 
 @pytest.mark.slow
