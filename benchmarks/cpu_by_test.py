@@ -20,14 +20,13 @@ import time
 
 import pytest
 
-HZ = os.sysconf("SC_CLK_TCK")
+from benchmarks.cpu_by_process import machine_busy_idle
+
 _rows: dict[str, dict[str, float]] = collections.defaultdict(lambda: {"busy_s": 0.0, "wall_s": 0.0})
 
 
 def _busy() -> float:
-    with open("/proc/stat") as f:
-        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in f.readline().split()[1:9])
-    return (user + nice + system + irq + softirq + steal) / HZ
+    return machine_busy_idle()[0]
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -30,8 +30,8 @@ TINY = {  # seconds, not a measurement: what the faults need is stages, rows and
     "model.tiny.max_steps": 10, "model.tiny.warmup_steps": 2, "model.tiny.corpus_mb": 0.3,
     "target.epochs": 2, "shadow.epochs": 2, "target.max_length": 256, "shadow.max_length": 256,
     "sample.k": 2, "sample.max_new_tokens": 24, "ray.sample_actors": 1,
-    # the four baselines fit in the driver: a Ray task each would start a process importing torch
-    # for a millisecond's fit (the side-by-side tasks are tests/test_detectors_tune.py's)
+    # the four baselines fit in the driver: as Ray tasks each driver's run would start a worker
+    # importing torch for milliseconds of fitting (side-by-side tasks: tests/test_detectors_tune.py)
     "detect.parallel": False,
 }
 DETECTORS = ["ref_loss", "gt_match", "detectleak", "min_k"]
