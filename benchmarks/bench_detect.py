@@ -48,6 +48,15 @@ def cpu(fn):
     return out, time.process_time() - t0
 
 
+def _collections(run_dir: Path):
+    """The run's shadow and target collections; torch on one thread (a Ray worker's setting)."""
+    import pyarrow.parquet as pq
+    import torch
+
+    torch.set_num_threads(1)
+    return tuple(pq.read_table(run_dir / f"collect_{role}" / "collection.parquet") for role in ("shadow", "target"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("run_dir", type=Path)
@@ -67,7 +76,6 @@ def main() -> None:
         return rss(args)
     args.only = args.only or "advprompt,cgmia,cnn,lstm,transformer,leakray_combined,text_combined,gotcha"
 
-    import pyarrow.parquet as pq
     import torch
 
     import leakray.detect.advprompt
@@ -77,9 +85,7 @@ def main() -> None:
     from leakray.detect.base import FitContext
     from leakray.protocols.detectors import fit_and_score
 
-    torch.set_num_threads(1)
-    shadow = pq.read_table(args.run_dir / "collect_shadow" / "collection.parquet")
-    target = pq.read_table(args.run_dir / "collect_target" / "collection.parquet")
+    shadow, target = _collections(args.run_dir)  # torch on one thread from here
     seeds = list(range(args.seeds))
     ctx = FitContext()
     boot = {"n_bootstrap": 0, "bootstrap_seed": 0}
@@ -117,15 +123,12 @@ def main() -> None:
 
 
 def advprompt(args) -> None:
-    import pyarrow.parquet as pq
     import torch
 
     from leakray.detect import advprompt as ap
     from leakray.protocols.advprompt_eval import advprompt_part
 
-    torch.set_num_threads(1)
-    shadow = pq.read_table(args.run_dir / "collect_shadow" / "collection.parquet")
-    target = pq.read_table(args.run_dir / "collect_target" / "collection.parquet")
+    shadow, target = _collections(args.run_dir)  # torch on one thread from here
     seeds = list(range(args.seeds))
     print(f"{shadow.num_rows} shadow rows, {target.num_rows} target rows, seeds {seeds}; CPU seconds, one thread")
     for part in ("graybox", "ablation"):
@@ -194,15 +197,10 @@ def _side_by_side(args, columns: tuple[str, str], run, peaks: tuple[tuple[str, s
     thread) run two ways, ``run(fit, which)`` with which 0 then 1 around the stage's
     ``fit_and_score``; prints both CPU times, their ratio and the ``peaks`` columns
     (header, which side's cost, cost key)."""
-    import pyarrow.parquet as pq
-    import torch
-
     from leakray.detect.base import FitContext
     from leakray.protocols.detectors import fit_and_score
 
-    torch.set_num_threads(1)
-    shadow = pq.read_table(args.run_dir / "collect_shadow" / "collection.parquet")
-    target = pq.read_table(args.run_dir / "collect_target" / "collection.parquet")
+    shadow, target = _collections(args.run_dir)  # torch on one thread from here
     seeds, ctx, boot = list(range(args.seeds)), FitContext(), {"n_bootstrap": 0, "bootstrap_seed": 0}
     print(f"{shadow.num_rows} shadow rows, {target.num_rows} target rows, seeds {seeds}; CPU seconds, one thread")
     print(f"{'detector group':<34}{columns[0]:>10}{columns[1]:>10}{'ratio':>7}"
