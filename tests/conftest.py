@@ -81,10 +81,17 @@ def leakray_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("leakray-cache")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports: every socket stays bound until all are chosen (one at a time, the
+    kernel may hand a just-closed port out again, and `ray start` refuses two components on one)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 @pytest.fixture(scope="session")
@@ -95,7 +102,7 @@ def ray_head():
     # not RAY_ADDRESS: an in-process test's local Ray exports its own (executor.runtime.ensure_ray),
     # and `ray job submit` / a driver started from here would go there instead of to this head
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_AUTH_MODE": "disabled"}
-    port, dash, agent, agent_grpc, metrics, rt_env = (_free_port() for _ in range(6))
+    port, dash, agent, agent_grpc, metrics, rt_env = _free_ports(6)
     temp = tempfile.mkdtemp(prefix="lr", dir="/tmp")
     ray = str(Path(sys.executable).with_name("ray"))
     # Every port explicit: the job agent's default port clashes with any other Ray on the machine.
