@@ -60,6 +60,19 @@ def test_self_calibrated_route_refuses_a_skewed_clean_target_rather_than_guessin
     assert not res["usable"]
 
 
+def test_the_bootstraps_fits_at_once_are_the_fits_one_by_one():
+    """`empirical_nulls` runs every resample's EM in one array; each row must stop where it would
+    alone (rows converge after different numbers of steps) and give the same fit."""
+    rng = np.random.default_rng(5)
+    # members half a null sd up: EM creeps, and rows stop after different numbers of steps
+    x = np.r_[rng.normal(0.0, 0.3, 120), rng.normal(0.5, 0.3, 44)]
+    rows = np.stack([x, rng.normal(0, 1, 164), 0.05 * rng.gamma(4, 1, 164)]
+                    + [x[rng.integers(0, 164, 164)] for _ in range(20)])
+    together = selfcal.empirical_nulls(rows)
+    assert {f["components"] for f in together} == {1, 2}  # both outcomes are exercised
+    assert together == [selfcal.empirical_null(r) for r in rows]
+
+
 def test_rewrite_test_p_values_are_uniform_on_a_clean_target():
     rng = np.random.default_rng(0)
     res = selfcal.estimate_rewrites(rewrite_rows(400, set(), 0.0, rng), n_boot=200)
