@@ -62,7 +62,7 @@ def test_self_calibrated_route_refuses_a_skewed_clean_target_rather_than_guessin
 
 def test_the_bootstraps_fits_at_once_are_the_fits_one_by_one():
     """`empirical_nulls` runs every resample's EM in one array; each row must stop where it would
-    alone (rows converge after different numbers of steps) and give the same fit."""
+    alone and give the same fit."""
     rng = np.random.default_rng(5)
     # members half a null sd up: EM creeps, and rows stop after different numbers of steps
     x = np.r_[rng.normal(0.0, 0.3, 120), rng.normal(0.5, 0.3, 44)]

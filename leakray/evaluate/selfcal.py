@@ -88,14 +88,14 @@ def _finite(v) -> bool:
     return v is not None and bool(np.isfinite(v))
 
 
+_SQRT_2PI = float(np.sqrt(2 * np.pi))
+
+
 def _normal_pdf(x: np.ndarray, mu, sd) -> np.ndarray:
     # scipy.stats.norm.pdf's formula without its per-call argument checking, which cost 95% of an
     # EM step's time on 164 tasks
     z = (x - mu) / sd
     return np.exp(-0.5 * z * z) / (sd * _SQRT_2PI)
-
-
-_SQRT_2PI = float(np.sqrt(2 * np.pi))
 
 
 def empirical_null(x, iters: int = 500) -> dict:
