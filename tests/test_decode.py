@@ -112,3 +112,73 @@ def test_the_fused_gelu_is_the_same_function_and_gives_the_same_tokens(lm):
     reqs = [Request([tok(p)["input_ids"]], 1, True, 0, 24) for p in PROMPTS]
     assert [[g.ids for g in r[0]] for r in _decode(tok, fused, reqs)] == \
         [[g.ids for g in r[0]] for r in _decode(tok, model, reqs)]
+
+
+def test_a_chunk_enters_as_soon_as_the_pool_has_room_and_gives_the_tokens_it_gives_alone(lm, monkeypatch):
+    """Pooled decoding: a later chunk joins the live sequences of an earlier one (never more
+    than max_sequences at once), and each greedy request's tokens are the ones it gets alone."""
+    tok, model = lm
+    rows = []
+    real = model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, **kw: rows.append(tuple(kw["input_ids"].shape)) or real(*a, **kw))
+    budgets = [2, 20, 3, 18, 4, 16]  # one short and one long sequence per chunk of two
+    reqs = [Request([tok(PROMPTS[i % 4])["input_ids"]], 1, True, 0, b) for i, b in enumerate(budgets)]
+    pooled = _decode(tok, model, reqs, end_ids=set(), max_sequences=4)
+    steps = [b for b, n in rows if n == 1]
+    assert max(steps) <= 4 and max(steps) > 2  # chunks of two, and a joined chunk beside a live one
+    assert len(steps) < sum(max(budgets[i:i + 2]) - 1 for i in range(0, 6, 2))  # fewer than chunk by chunk
+    monkeypatch.setattr(model, "forward", real)
+    for req, got in zip(reqs, pooled):
+        (alone,), = _decode(tok, model, [req], end_ids=set())[0]
+        assert got[0][0].ids == alone.ids and len(alone.ids) == req.max_new_tokens
+
+
+def test_rows_leaving_fill_their_holes_from_the_end_and_the_cache_moves_just_those():
+    from leakray.models.decode import _fill_holes, _growing_cache
+
+    assert _fill_holes([0, 2, 3, 5], 6) == [0, 5, 2, 3]  # rows 1 and 4 end: 5 fills the hole at 1
+    assert _fill_holes([0, 1, 2], 5) == [0, 1, 2]
+    cache = _growing_cache(4)
+    k = torch.randn(6, 2, 3, 4)
+    v = torch.randn(6, 2, 3, 4)
+    cache.update(k, v, 0)
+    order = _fill_holes([0, 2, 3, 5], 6)
+    cache.batch_select_indices(torch.tensor(order))
+    layer = cache.layers[0]
+    assert torch.equal(layer.keys, k[order]) and torch.equal(layer.values, v[order])
+    cache.batch_select_indices(torch.tensor([0, 0, 1]))  # a gather (a prompt copied for its samples)
+    assert torch.equal(layer.keys, k[order][[0, 0, 1]])
+
+
+def test_ragged_attention_is_sdpa_over_each_rows_own_columns(lm):
+    """A decoding step of left-padded prompts of different lengths: the same logits with
+    attention split into runs of rows (leakray_sdpa) as with one SDPA call over the width."""
+    import copy
+    import inspect
+
+    from leakray.models.ragged_attention import runs_of, use_ragged_attention
+
+    assert runs_of([0, 0, 5, 5, 2]) == [(0, 2, 0), (2, 4, 5), (4, 5, 2)]
+    assert runs_of([0, 3, 9], gap=4) == [(0, 2, 0), (2, 3, 9)]
+    tok, model = lm
+    plain = copy.deepcopy(model)
+    plain.set_attn_implementation("sdpa")
+    ragged = copy.deepcopy(model)
+    ragged.set_attn_implementation("sdpa")
+    assert use_ragged_attention(ragged) and ragged.config._attn_implementation == "leakray_sdpa"
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    pos = (mask.cumsum(-1) - 1).clamp_min(0)
+    nxt = torch.tensor([[5], [6], [7], [8]])
+    step_mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+    arg = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+    logits = []
+    with torch.inference_mode():
+        for m in (plain, ragged):
+            first = m(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+            out = m(input_ids=nxt, attention_mask=step_mask, position_ids=pos[:, -1:] + 1, use_cache=True,
+                    **{arg: first.past_key_values})
+            logits.append(out.logits[:, -1])
+    assert torch.allclose(logits[0], logits[1], atol=1e-5)
