@@ -46,7 +46,9 @@ def test_execute_cli_timeout_flag(tmp_path):
     inp.write_text(json.dumps(dict(SLOW, timeout_s=None, id="s")) + "\n")
     assert main(["execute", "--input", str(inp), "--output", str(out), "--timeout", "0.5"]) == 0
     res = json.loads(out.read_text())
-    assert res["status"] == "timeout" and res["duration_s"] < 3
+    # the flag's 0.5 s, not the default 10 s: the bound leaves room for a sandbox's start on a
+    # busy machine (3.2 s was seen in CI beside the end-to-end runs)
+    assert res["status"] == "timeout" and res["duration_s"] < 6
 
 
 def _batch(rows):
