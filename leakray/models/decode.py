@@ -41,6 +41,10 @@ class Request:
     max_new_tokens: int
     stops: list[str] = field(default_factory=list)  # generation ends once its text holds one
 
+    @property
+    def sequences(self) -> int:
+        return len(self.prompts) * self.n
+
 
 @dataclass
 class Generated:
@@ -145,7 +149,7 @@ def _chunks(requests: list[Request], max_sequences: int, slack: float = 1.25) ->
     size, shortest = 0, 0
     for i in order:
         req = requests[i]
-        need, lo, hi = len(req.prompts) * req.n, min(map(len, req.prompts)), max(map(len, req.prompts))
+        need, lo, hi = req.sequences, min(map(len, req.prompts)), max(map(len, req.prompts))
         if chunks and size + need <= max_sequences and hi <= slack * shortest + 16:
             chunks[-1].append(i)
             size, shortest = size + need, min(shortest, lo)
@@ -174,13 +178,11 @@ class _Pool:
         self.cache = self.mask = self.next_pos = self.logits = None
         self.joinable = False  # whether a chunk can join live sequences (the growing cache's layers)
 
-    def need(self, chunk: list[int]) -> int:
-        return sum(len(self.requests[i].prompts) * self.requests[i].n for i in chunk)
-
     def fits(self, chunk: list[int]) -> bool:
         if not self.alive:
             return True
-        return self.joinable and len(self.alive) + self.need(chunk) <= self.max_sequences
+        need = sum(self.requests[i].sequences for i in chunk)
+        return self.joinable and len(self.alive) + need <= self.max_sequences
 
     def admit(self, chunk: list[int]) -> None:
         requests, device = self.requests, self.device

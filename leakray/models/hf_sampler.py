@@ -21,7 +21,6 @@ from leakray.models.sampler import (PROMPT_TRUNCATED_LEFT, RefScores, SampleConf
                                     n_completions, perplexity, scorable_reference, scores_from_logprobs,
                                     task_seed)
 from leakray.models.kernels import fuse_gelu
-from leakray.models.ragged_attention import use_ragged_attention
 from leakray.models.stops import stop_strings
 
 
@@ -38,6 +37,8 @@ class HFSampler:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from leakray.models.ragged_attention import use_ragged_attention
+
         torch.set_num_threads(cfg.threads)
         self.cfg = cfg
         self.stats: Counter = Counter()
@@ -48,7 +49,7 @@ class HFSampler:
         dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else "auto"
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device).eval()
         fuse_gelu(self.model)
-        self.ragged_attention = use_ragged_attention(self.model)
+        use_ragged_attention(self.model)  # where this transformers can: SDPA over each row's own columns
         own = getattr(self.model.config, "max_position_embeddings", None) or getattr(
             self.model.config, "n_positions", 4096)
         self.max_positions = min(own, cfg.max_model_len) if cfg.max_model_len else own
