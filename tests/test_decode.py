@@ -182,3 +182,41 @@ def test_ragged_attention_is_sdpa_over_each_rows_own_columns(lm):
                     **{arg: first.past_key_values})
             logits.append(out.logits[:, -1])
     assert torch.allclose(logits[0], logits[1], atol=1e-5)
+
+
+HEAD = 'def count(items, key):\n    """Count the items whose key matches.\n\n    >>> count([1, 2], 1)\n    1\n    """\n'
+
+
+def test_prompts_sharing_a_head_encode_it_once_and_decode_as_they_do_alone(lm, monkeypatch):
+    """A request's variants sharing their first tokens with a base prompt (AdvPrompt's variants,
+    a probe's nested cut points) encode those tokens once; every sequence's tokens are the ones
+    it gets with each prompt encoded whole, its log-probs equal up to float rounding, beside a
+    request with nothing shared and a sampled one in the same chunk."""
+    import leakray.models.decode as D
+
+    tok, model = lm
+    ends = ["    return 0\n", "    n = 0\n    for x in items:\n", "    return len(items)\n"]
+    variants = [tok(HEAD + e)["input_ids"] for e in ends]
+    body = tok(HEAD + "    n = 0\n    for x in items:\n        n += 1\n")["input_ids"]
+    cuts = [body[:c] for c in (len(body) - 9, len(body) - 5, len(body))]  # nested: the longest is the base
+    assert D._shared_heads([Request(cuts, 1, True, 0, 4)], [0])[0][0] == 2
+    reqs = [Request(variants, 1, True, 0, 12), Request([tok(PROMPTS[1])["input_ids"]], 1, True, 1, 12),
+            Request(cuts, 1, True, 2, 12), Request(variants[:2], 2, False, 3, 12)]
+    fed = []
+    real = model.forward
+    # the prompt and generated tokens each forward pass encodes (its new columns' mask)
+    new_tokens = lambda kw: int(kw["attention_mask"][:, -kw["input_ids"].shape[1]:].sum())  # noqa: E731
+    monkeypatch.setattr(model, "forward", lambda *a, **kw: fed.append(new_tokens(kw)) or real(*a, **kw))
+    heads = D._shared_heads(reqs, range(len(reqs)))
+    assert sorted(heads) == [0, 2, 3]  # not the single prompt
+    saved = sum(sum(h) - max(h) for _, h in heads.values())  # each head encoded once, for its longest
+    shared = _decode(tok, model, reqs, end_ids=set(), temperature=0.8, max_sequences=64)
+    fed_shared, fed[:] = sum(fed), []
+    monkeypatch.setattr(D, "MIN_SHARED", 10 ** 9)  # every prompt encoded whole
+    whole = _decode(tok, model, reqs, end_ids=set(), temperature=0.8, max_sequences=64)
+    assert saved > 100 and sum(fed) - fed_shared == saved  # the same steps, fewer prompt tokens
+    for a, b in zip(shared, whole):
+        for sa, sb in zip(a, b):
+            assert [g.ids for g in sa] == [g.ids for g in sb]
+            for ga, gb in zip(sa, sb):
+                assert ga.logprobs == pytest.approx(gb.logprobs, abs=1e-4)

@@ -6,7 +6,8 @@ k times its longest sample, and AdvPrompt's eleven greedy variants eleven times 
 variant (in the demo the mean kept sample is 61 tokens, the mean longest of five 103). Here a
 finished sequence leaves the batch (its KV cache rows are dropped), so the work is the tokens
 actually generated; the prompt is encoded once and its cache copied for its n samples; and
-many tasks share each forward pass. Requests enter a pool of live sequences chunk by chunk as
+many tasks share each forward pass; the first tokens a task's prompts share (its AdvPrompt
+variants, a probe's cut points) are encoded once. Requests enter a pool of live sequences chunk by chunk as
 room frees (`_Pool`), so steps stay full instead of draining each chunk to its longest
 sequence, and each step's attention reads only the columns its rows use
 (`leakray.models.ragged_attention`).
@@ -60,6 +61,17 @@ def _top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     remove = sorted_logits.softmax(-1).cumsum(-1) <= (1 - top_p)
     remove[..., -1:] = False
     return logits.masked_fill(remove.scatter(1, order, remove), -float("inf"))
+
+
+def _growing_layers() -> bool:
+    try:
+        from transformers.cache_utils import DynamicLayer  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+_GROWING = _growing_layers()  # whether this transformers' caches have layers ours can grow in place
 
 
 def _growing_cache(reserve: int):
@@ -187,32 +199,91 @@ class _Pool:
     def admit(self, chunk: list[int]) -> None:
         requests, device = self.requests, self.device
         rows = [(i, j) for i in chunk for j in range(len(requests[i].prompts))]
-        prompts = [requests[i].prompts[j] for i, j in rows]
-        width = max(map(len, prompts))
-        ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts], device=device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-        pos = (mask.cumsum(-1) - 1).clamp_min(0)
         self.gens.update({i: torch.Generator(device=device).manual_seed(requests[i].seed) for i in chunk})
+        heads = _shared_heads(requests, chunk) if _GROWING else {}
+        shared = {(i, j): heads[i][1][j] for i, j in rows if i in heads and heads[i][1][j]}
+        plain = [r for r in rows if r not in shared]
+        encoded = ([(plain, *self._encode(plain))] if plain else []) + \
+            (self._encode_shared([r for r in rows if r in shared], heads, shared) if shared else [])
+        parts, next_pos, logits = [], [], []
+        if self.cache is not None:
+            parts, next_pos, logits = [(self.cache, self.mask)], [self.next_pos], [self.logits]
+        for part, first, mask, pos in encoded:
+            # each prompt's cache, copied for each of its n sequences
+            expand = []
+            for r, (i, j) in enumerate(part):
+                for _ in range(requests[i].n):
+                    self.alive.append(len(self.seqs))
+                    self.seqs.append(_Seq(i, j, len(self.seqs)))
+                    expand.append(r)
+            index = torch.tensor(expand, device=device)
+            cache = _cache_of(first)
+            cache.batch_select_indices(index)
+            parts.append((cache, mask[index]))
+            next_pos.append(pos[index, -1] + 1)
+            logits.append(first.logits[index, -1])
+        self.cache, self.mask = _join(parts, self._room())
+        self.next_pos, self.logits = torch.cat(next_pos), torch.cat(logits)
+        self.joinable = hasattr((getattr(self.cache, "layers", None) or [None])[0], "_k")
+
+    def _encode(self, rows: list[tuple[int, int]]) -> tuple:
+        """The rows' prompts in one forward pass, left padded: (output, mask, positions)."""
+        prompts = [self.requests[i].prompts[j] for i, j in rows]
+        width = max(map(len, prompts))
+        ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts], device=self.device)
+        mask = _left_mask(list(map(len, prompts)), width, self.device)
+        pos = (mask.cumsum(-1) - 1).clamp_min(0)
         first = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
                            **{self.arg: _growing_cache(0)}, **self.keep_last)
-        # the prompt's cache, copied for each of its n sequences
-        expand = []
-        for r, (i, j) in enumerate(rows):
-            for _ in range(requests[i].n):
-                self.alive.append(len(self.seqs))
-                self.seqs.append(_Seq(i, j, len(self.seqs)))
-                expand.append(r)
-        index = torch.tensor(expand, device=device)
-        cache, mask, next_pos, logits = _cache_of(first), mask[index], pos[index, -1] + 1, first.logits[index, -1]
-        cache.batch_select_indices(index)
-        if self.cache is None:
-            parts = [(cache, mask)]
-        else:
-            parts = [(self.cache, self.mask), (cache, mask)]
-            next_pos, logits = torch.cat([self.next_pos, next_pos]), torch.cat([self.logits, logits])
-        self.cache, self.mask = _join(parts, self._room())
-        self.next_pos, self.logits = next_pos, logits
-        self.joinable = hasattr((getattr(self.cache, "layers", None) or [None])[0], "_k")
+        return first, mask, pos
+
+    def _encode_shared(self, rows: list[tuple[int, int]], heads: dict, shared: dict) -> list[tuple]:
+        """As `_encode`, for rows whose first tokens are their base prompt's (``shared``: row ->
+        how many, `_shared_heads`): the bases' heads are encoded once, in one pass; then rows
+        with tails of similar length (padding a short tail to a long one would cost what sharing
+        saves) take their heads' cache, the columns each shares, and encode their tails after
+        them. The tails are left padded after the heads, so each row's head then moves right to
+        meet its tail (a cached key or value depends on the token and its position id, not on
+        the column it sits in): each row's tokens are contiguous and right-aligned, as `_encode`
+        leaves them. One (rows, output, mask, positions) per group of tails."""
+        requests, device = self.requests, self.device
+        owners = list(dict.fromkeys(i for i, _ in rows))
+        slot = {i: s for s, i in enumerate(owners)}
+        head_ids = [requests[i].prompts[heads[i][0]][:max(heads[i][1])] for i in owners]
+        wh = max(map(len, head_ids))
+        hmask = _left_mask(list(map(len, head_ids)), wh, device)
+        ids = torch.tensor([[self.pad_id] * (wh - len(h)) + h for h in head_ids], device=device)
+        head_cache = _cache_of(self.model(input_ids=ids, attention_mask=hmask, use_cache=True,
+                                          position_ids=(hmask.cumsum(-1) - 1).clamp_min(0),
+                                          **{self.arg: _growing_cache(0)}, **self.keep_last))
+        tails = {r: requests[r[0]].prompts[r[1]][shared[r]:] for r in rows}
+        out = []
+        for group in _similar_lengths(rows, [len(tails[r]) for r in rows]):
+            starts = [wh - len(head_ids[slot[i]]) for i, _ in group]
+            c0, wt = min(starts), max(len(tails[r]) for r in group)
+            width = wh - c0  # the group's head columns: from the first any of its rows uses
+            index = torch.tensor([slot[i] for i, _ in group], device=device)
+            cache = _growing_cache(wt)
+            for li, layer in enumerate(head_cache.layers):
+                cache.update(layer.keys[index, :, c0:], layer.values[index, :, c0:], li)
+            at = torch.tensor([s - c0 for s in starts], device=device)[:, None]
+            n = torch.tensor([shared[r] for r in group], device=device)[:, None]
+            cols = torch.arange(width, device=device)[None, :]
+            tmask = _left_mask([len(tails[r]) for r in group], wt, device)
+            mask = torch.cat([((cols >= at) & (cols < at + n)).long(), tmask], dim=1)
+            tpos = ((tmask.cumsum(-1) - 1).clamp_min(0) + n) * tmask
+            ids = torch.tensor([[self.pad_id] * (wt - len(tails[r])) + tails[r] for r in group], device=device)
+            first = self.model(input_ids=ids, attention_mask=mask, position_ids=tpos, use_cache=True,
+                               **{self.arg: cache}, **self.keep_last)
+            for b, r in enumerate(group):
+                start, k, end = int(at[b]), shared[r], width + wt - len(tails[r])  # the tail begins at end
+                if start + k != end:
+                    for layer in cache.layers:
+                        for buf in (layer._k, layer._v):
+                            buf[b, :, end - k: end] = buf[b, :, start: start + k].clone()
+            mask = _left_mask([len(requests[i].prompts[j]) for i, j in group], width + wt, device)
+            out.append((group, first, mask, (mask.cumsum(-1) - 1).clamp_min(0)))
+        return out
 
     def _room(self) -> int:
         """Cache positions the live sequences may still add (each step adds one)."""
@@ -256,6 +327,63 @@ def _fill_holes(keep: list[int], n: int) -> list[int]:
     for j, b in zip((j for j in range(m) if j not in kept), movers):
         order[j] = b
     return order
+
+
+def _left_mask(lengths: list[int], width: int, device) -> torch.Tensor:
+    """The attention mask of rows of these lengths, left padded to ``width``."""
+    return (torch.arange(width, device=device)[None, :] >= width - torch.tensor(lengths, device=device)[:, None]).long()
+
+
+# A request's prompts that begin with the same tokens (AdvPrompt's variants of one prompt share
+# about half of theirs with it, a probe's cut points of one program all but their ends) encode
+# those tokens once (`_Pool._encode_shared`); a prompt sharing fewer than this many encodes alone.
+MIN_SHARED = 16
+
+
+def _similar_lengths(items: list, lengths: list[int], slack: float = 1.25) -> list[list]:
+    """``items`` in groups of similar length (the longest at most ``slack`` times the shortest,
+    +16), shortest first: what `_chunks` does for prompts, for the tails of shared heads."""
+    groups: list[list] = []
+    shortest = 0
+    for i in sorted(range(len(items)), key=lengths.__getitem__):
+        if groups and lengths[i] <= slack * shortest + 16:
+            groups[-1].append(items[i])
+        else:
+            groups.append([items[i]])
+            shortest = lengths[i]
+    return groups
+
+
+def _lcp(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    m = 0
+    while m < n and a[m] == b[m]:
+        m += 1
+    return m
+
+
+def _shared_heads(requests: list[Request], chunk: list[int]) -> dict[int, tuple[int, list[int]]]:
+    """Request -> (its base prompt, each prompt's head shared with the base), for requests of
+    several prompts where some share at least MIN_SHARED tokens with the base (the longest
+    prompt or the first, whichever shares more). A head leaves its prompt at least its last
+    token (the one whose logits choose the first new token); the base's head is the longest of
+    the others'."""
+    out = {}
+    for i in chunk:
+        prompts = requests[i].prompts
+        if len(prompts) < 2:
+            continue
+        best = None
+        for base in dict.fromkeys((max(range(len(prompts)), key=lambda j: len(prompts[j])), 0)):
+            heads = [0 if j == base else min(_lcp(p, prompts[base]), len(p) - 1, len(prompts[base]) - 1)
+                     for j, p in enumerate(prompts)]
+            heads = [h if h >= MIN_SHARED else 0 for h in heads]
+            heads[base] = max(heads)
+            if heads[base] and (best is None or sum(heads) > sum(best[1])):
+                best = (base, heads)
+        if best is not None:
+            out[i] = best
+    return out
 
 
 def _join(parts: list[tuple], reserve: int) -> tuple:
