@@ -212,6 +212,9 @@ def test_prompts_sharing_a_head_encode_it_once_and_decode_as_they_do_alone(lm, m
     saved = sum(sum(h) - max(h) for _, h in heads.values())  # each head encoded once, for its longest
     shared = _decode(tok, model, reqs, end_ids=set(), temperature=0.8, max_sequences=64)
     fed_shared, fed[:] = sum(fed), []
+    (alone,) = _decode(tok, model, reqs[3:], end_ids=set(), temperature=0.8)  # the sampled one, alone
+    assert [[g.ids for g in s] for s in alone] == [[g.ids for g in s] for s in shared[3]]
+    fed[:] = []
     monkeypatch.setattr(D, "MIN_SHARED", 10 ** 9)  # every prompt encoded whole
     whole = _decode(tok, model, reqs, end_ids=set(), temperature=0.8, max_sequences=64)
     assert saved > 100 and sum(fed) - fed_shared == saved  # the same steps, fewer prompt tokens

@@ -7,9 +7,9 @@ variant (in the demo the mean kept sample is 61 tokens, the mean longest of five
 finished sequence leaves the batch (its KV cache rows are dropped), so the work is the tokens
 actually generated; the prompt is encoded once and its cache copied for its n samples; and
 many tasks share each forward pass; the first tokens a task's prompts share (its AdvPrompt
-variants, a probe's cut points) are encoded once. Requests enter a pool of live sequences chunk by chunk as
-room frees (`_Pool`), so steps stay full instead of draining each chunk to its longest
-sequence, and each step's attention reads only the columns its rows use
+variants, a probe's cut points) are encoded once. Requests enter a pool of live sequences chunk
+by chunk as room frees (`_Pool`), so steps stay full instead of draining each chunk to its
+longest sequence, and each step's attention reads only the columns its rows use
 (`leakray.models.ragged_attention`).
 
 What a result depends on is unchanged: each `Request` (one task's prompts) draws from its own
@@ -212,9 +212,10 @@ class _Pool:
             # each prompt's cache, copied for each of its n sequences
             expand = []
             for r, (i, j) in enumerate(part):
-                for _ in range(requests[i].n):
+                for c in range(requests[i].n):
                     self.alive.append(len(self.seqs))
-                    self.seqs.append(_Seq(i, j, len(self.seqs)))
+                    # its place in its request (prompt, copy), whatever order the parts were encoded in
+                    self.seqs.append(_Seq(i, j, j * requests[i].n + c))
                     expand.append(r)
             index = torch.tensor(expand, device=device)
             cache = _cache_of(first)
