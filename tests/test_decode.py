@@ -201,7 +201,8 @@ def test_prompts_sharing_a_head_encode_it_once_and_decode_as_they_do_alone(lm, m
     cuts = [body[:c] for c in (len(body) - 9, len(body) - 5, len(body))]  # nested: the longest is the base
     assert D._shared_heads([Request(cuts, 1, True, 0, 4)], [0])[0][0] == 2
     reqs = [Request(variants, 1, True, 0, 12), Request([tok(PROMPTS[1])["input_ids"]], 1, True, 1, 12),
-            Request(cuts, 1, True, 2, 12), Request(variants[:2], 2, False, 3, 12)]
+            # sampled, and one prompt sharing nothing: encoded apart from the others, drawn in its place
+            Request(cuts, 1, True, 2, 12), Request(variants[:2] + [tok(PROMPTS[0])["input_ids"]], 2, False, 3, 12)]
     fed = []
     real = model.forward
     # the prompt and generated tokens each forward pass encodes (its new columns' mask)

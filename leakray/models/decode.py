@@ -24,6 +24,7 @@ recorded are of the raw, unwarped model, as `output_logits` gives them.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass, field
 from typing import Callable
@@ -63,15 +64,14 @@ def _top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(remove.scatter(1, order, remove), -float("inf"))
 
 
+@functools.cache
 def _growing_layers() -> bool:
+    """Whether this transformers' caches have layers that `_growing_cache` can grow in place."""
     try:
         from transformers.cache_utils import DynamicLayer  # noqa: F401
     except ImportError:
         return False
     return True
-
-
-_GROWING = _growing_layers()  # whether this transformers' caches have layers ours can grow in place
 
 
 def _growing_cache(reserve: int):
@@ -200,7 +200,7 @@ class _Pool:
         requests, device = self.requests, self.device
         rows = [(i, j) for i in chunk for j in range(len(requests[i].prompts))]
         self.gens.update({i: torch.Generator(device=device).manual_seed(requests[i].seed) for i in chunk})
-        heads = _shared_heads(requests, chunk) if _GROWING else {}
+        heads = _shared_heads(requests, chunk) if _growing_layers() else {}
         shared = {(i, j): heads[i][1][j] for i, j in rows if i in heads and heads[i][1][j]}
         plain = [r for r in rows if r not in shared]
         encoded = ([(plain, *self._encode(plain))] if plain else []) + \
