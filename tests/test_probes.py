@@ -153,6 +153,37 @@ def test_each_probe_scores_a_memorised_task_above_an_unseen_one(memorised):
     assert set(stats["probe_seconds"]) == set(pr.PROBES) and min(stats["probe_seconds"].values()) > 0
 
 
+def test_the_greedy_probe_takes_advprompts_base_completion_instead_of_decoding_it_again(memorised, monkeypatch):
+    """With AdvPrompt's pass in the batch, its base slot (the unperturbed prompt, greedy) is the
+    greedy probe's request: taken from there, never decoded twice, and the same text as the probe
+    decoding it alone. A row whose base slot is not its prompt is still decoded by the probe."""
+    from leakray.models.hf_sampler import HFSampler
+    from leakray.models.sampler import SampleConfig
+    from leakray.stages.collect import ExtraColumns, SampleStage, finalize
+
+    sample = SampleConfig(k=1, max_new_tokens=48)
+    tasks = _tasks()
+    renamed = UNSEEN_P.replace("sentence", "words")
+    # the seen task's slots: its own prompt, then a variant; the unseen one's base slot is not its prompt
+    adv = [[SEEN_P, SEEN_P.replace("text", "string")], [renamed]]
+    tasks = tasks.append_column(C.ADV_PROMPTS, pa.array(adv, pa.list_(pa.string())))
+    probed: list[list[str]] = []
+    original = HFSampler.greedy_probe
+
+    def spy(self, prompts, languages, keys, max_new_tokens):
+        probed.append(list(prompts))
+        return original(self, prompts, languages, keys, max_new_tokens)
+
+    monkeypatch.setattr(HFSampler, "greedy_probe", spy)
+    stage = SampleStage(memorised, sample, ExtraColumns(advprompt=True, probes=("greedy",)))
+    rows = finalize(stage(tasks)).to_pylist()
+    assert probed == [[UNSEEN_P]]  # the seen task's prompt was decoded once, in AdvPrompt's pass
+    monkeypatch.setattr(HFSampler, "greedy_probe", original)
+    alone = HFSampler(memorised, sample).greedy_probe([SEEN_P, UNSEEN_P], ["python"] * 2, ["seen", "unseen"], 48)
+    assert [r[C.GREEDY_COMPLETION] for r in rows] == alone
+    assert rows[0][C.GREEDY_COMPLETION] == rows[0][C.ADV_COMPLETIONS][0] and "tally" in alone[0]  # memorised
+
+
 def test_probes_through_an_endpoint_without_logprobs(memorised):
     from leakray.models.endpoint_server import CompletionServer, HFBackend
     from leakray.models.sampler import SampleConfig

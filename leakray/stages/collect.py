@@ -239,7 +239,7 @@ class SampleStage:
                 for p, sp, texts in zip(pre, spans, continuations([[at for at, _ in s] for s in spans], "mask")):
                     p["mask"] = ([span for _, span in sp], texts)
             if "greedy" in self.extra.probes:
-                got = timed("greedy", lambda: sampler.greedy_probe(prompts, langs, keys, sampler.cfg.max_new_tokens))
+                got = timed("greedy", lambda: self._greedy(prompts, langs, keys, adv, pre))
                 for i, (p, text) in enumerate(zip(pre, got)):
                     p["greedy"] = (text, pr.rewrite_continuations(prompts[i], refs[i], tests[i], keys[i]))
             for name in (n for n in pr.DRAW_PROBES if n in self.extra.probes):
@@ -396,6 +396,23 @@ class SampleStage:
         given = [given_and_target(prompt, ref, cut)[0] for cut in cuts]
         return self.sampler.greedy_probe(given, [lang] * len(given), [key] * len(given),
                                          self.extra.probe_tokens) if given else []
+
+    def _greedy(self, prompts: list[str], langs: list[str], keys: list[str], adv: list | None,
+                pre: list[dict]) -> list[str]:
+        """The greedy probe's continuation of each prompt. Where AdvPrompt's pass ran, its base
+        slot is this very request (the unperturbed prompt, greedy, the sampler's token budget and
+        stop strings, the same key), so that completion is taken rather than decoded twice; only
+        the batch of tasks it was decoded with differs (on a near-tie in the last bits, as any
+        batching may). Called from `_prefetch` only: a local backend, whose failures raise."""
+        got: list[str | None] = [pre[i]["adv"][0][0] if adv is not None and adv[i] and adv[i][0] == prompts[i]
+                                 else None for i in range(len(prompts))]
+        todo = [i for i, text in enumerate(got) if text is None]
+        if todo:
+            texts = self.sampler.greedy_probe([prompts[i] for i in todo], [langs[i] for i in todo],
+                                              [keys[i] for i in todo], self.sampler.cfg.max_new_tokens)
+            for i, text in zip(todo, texts):
+                got[i] = text
+        return got
 
     def _adv(self, adv_prompts: list[str], lang: str, key: str) -> tuple[list[str], list[float]]:
         """One greedy completion per present variant, all of a task's variants in one call (the
