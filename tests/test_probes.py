@@ -179,7 +179,8 @@ def test_the_greedy_probe_takes_advprompts_base_completion_instead_of_decoding_i
     rows = finalize(stage(tasks)).to_pylist()
     assert probed == [[UNSEEN_P]]  # the seen task's prompt was decoded once, in AdvPrompt's pass
     monkeypatch.setattr(HFSampler, "greedy_probe", original)
-    alone = HFSampler(memorised, sample).greedy_probe([SEEN_P, UNSEEN_P], ["python"] * 2, ["seen", "unseen"], 48)
+    sampler = HFSampler(memorised, sample)  # each prompt alone, as the probe's own call decodes it
+    alone = [sampler.greedy_probe([p], ["python"], [key], 48)[0] for p, key in ((SEEN_P, "seen"), (UNSEEN_P, "unseen"))]
     assert [r[C.GREEDY_COMPLETION] for r in rows] == alone
     assert rows[0][C.GREEDY_COMPLETION] == rows[0][C.ADV_COMPLETIONS][0] and "tally" in alone[0]  # memorised
 
