@@ -111,6 +111,8 @@ TinySection = _stage_section(TinyLMConfig, "TinySection", types={
 
 
 LOCAL_MODELS = ("tiny", "tiny-alt")  # built here: model.tiny and model.shadow_tiny
+# AdvPrompt's perturbation kinds, in the order of its slots (leakray.perturb.core.KINDS; a test holds them equal)
+ADVPROMPT_KINDS = ("IDC", "IRV", "VR", "IDP", "IDL")
 
 
 class ModelConfig(Section):
@@ -174,6 +176,13 @@ class ColumnsConfig(Section):
     upper_case: bool = True  # completions of the upper-cased prompt (BUZZER-b)
     advprompt: bool = True  # AdvPrompt-MIA: 11 proven perturbations, one greedy completion each
     advprompt_seed: int = 0
+    # the perturbation kinds whose variants are completed (IDC 2 variants, IRV 2, VR 2, IDP 2, IDL 3):
+    # each variant is one greedy completion and one embedding per task, so AdvPrompt's collection
+    # cost scales with the variants kept; the others are missing slots, as an inapplicable variant
+    # is (the detector masks them). The paper's is all five; its RQ2 ablation in every report says
+    # what each kind adds (docs/PERTURB.md, "Choosing kinds")
+    advprompt_kinds: list[Literal["IDC", "IRV", "VR", "IDP", "IDL"]] = Field(
+        default_factory=lambda: list(ADVPROMPT_KINDS))
     # text-only memory probes (leakray.features.probes): prefix completion, masked spans, greedy
     # completion vs rewrites (each one batched greedy call per task), and sampled next tokens in the
     # solution (next) and in the prompt (question)
@@ -187,6 +196,14 @@ class ColumnsConfig(Section):
     @classmethod
     def _reference_model(cls, v: str | None) -> str | None:
         return v if v in (None, "base") else check_model_ref(v, "columns.reference_model")
+
+    @field_validator("advprompt_kinds")
+    @classmethod
+    def _advprompt_kinds(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("needs at least one kind (switch AdvPrompt off with columns.advprompt=false)")
+        # one order whatever the spelling: the run's hash and the card's settings compare lists
+        return [k for k in ADVPROMPT_KINDS if k in v]
 
     @field_validator("nonoracle_reference")
     @classmethod

@@ -97,3 +97,27 @@ def test_audit_refuses_bad_input(tmp_path):
     assert main(["audit", "--set", "audit.detector=cgmai"]) == 2
     assert main(["audit", "--control", f"fresh={tmp_path / 'missing.jsonl'}", "--output", str(tmp_path)]) == 2
     assert not (tmp_path / "runs").exists() and not list(tmp_path.glob("audit-*"))  # refused before any work
+
+
+def test_a_card_made_with_other_advprompt_kinds_is_named_a_mismatch():
+    """AdvPrompt's features of a kind not completed are missing slots: a card and an audit that
+    complete other kinds see other feature distributions. A card from before the setting was
+    recorded was made with every kind."""
+    from types import SimpleNamespace
+
+    from leakray.config import AuditConfig, load_config
+    from leakray.protocols.audit import card_mismatches, collection_settings, target_reference
+
+    every = load_config([], [], AuditConfig)
+    fewer = load_config([], ["columns.advprompt_kinds=[IDP]"], AuditConfig)
+
+    def card(cfg, drop=()):
+        settings = {k: v for k, v in collection_settings(cfg, target_reference(cfg)).items() if k not in drop}
+        return SimpleNamespace(meta={"benchmark": {"name": cfg.benchmark.name}, "collection": settings})
+
+    assert card_mismatches(card(every), every, []) == []
+    assert card_mismatches(card(every, drop=("advprompt_kinds",)), every, []) == []  # recorded before the setting
+    (line,) = card_mismatches(card(every, drop=("advprompt_kinds",)), fewer, [])
+    assert "collection settings differ" in line and "advprompt_kinds" in line
+    (line,) = card_mismatches(card(fewer), every, [])
+    assert "advprompt_kinds" in line

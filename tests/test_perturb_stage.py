@@ -122,4 +122,72 @@ def test_advprompt_ablation_names_every_kind_and_feature():
     ab = advprompt_ablation(_adv_collection(40, 5, 0.8), _adv_collection(40, 6, 0.8),
                             config=AdvPromptConfig(epochs=3, batch_size=20, hidden=(32,)))
     assert set(ab["without_kind"]) == set(KINDS) and set(ab["without_feature"]) == set(FEATURE_NAMES)
+    assert ab["not_collected"] == []
     assert ab["all"] > 0.8  # the planted stability signal is there with every input
+
+
+def _variants_file(path, ids):
+    """A perturb stage's output for ``ids``: every slot present (its prompt names task and slot)."""
+    from leakray.detect.advprompt import SLOT_NAMES
+
+    pq.write_table(pa.table({C.TASK_ID: ids,
+                             C.ADV_PROMPTS: [[f"{t}:base"] + [f"{t}:{s}" for s in SLOT_NAMES] for t in ids],
+                             C.ADV_KIND: [["base", *SLOT_NAMES] for _ in ids],
+                             "check": [[] for _ in ids]}), path)
+
+
+def test_advprompt_kinds_leave_the_other_kinds_slots_empty_in_the_collections_input(tmp_path):
+    """columns.advprompt_kinds reaches the collection's input: only the chosen kinds' variants
+    (and slot 0, the task's own prompt) are there to complete; the others are missing slots."""
+    import pytest
+
+    from leakray.config import load_config
+    from leakray.detect.advprompt import SLOT_NAMES
+    from leakray.errors import BadInput
+    from leakray.protocols.collection import with_variants
+
+    tasks = read_humaneval()[:2]
+    _variants_file(tmp_path / "variants.parquet", [t[T.TASK_ID] for t in tasks])
+    table = input_table(tasks, {}, set())
+    every = with_variants(table, load_config(), tmp_path)  # the default: all five kinds
+    assert every.column(C.ADV_KIND).to_pylist() == [["base", *SLOT_NAMES]] * 2
+    some = with_variants(table, load_config([], ["columns.advprompt_kinds=[IDL, VR]"]), tmp_path)
+    for task, prompts, kinds in zip(tasks, some.column(C.ADV_PROMPTS).to_pylist(), some.column(C.ADV_KIND).to_pylist()):
+        assert kinds == ["base", "", "", "", "", "VR1", "VR2", "", "", "IDL1", "IDL2", "IDL3"]
+        assert prompts[0] == f"{task[T.TASK_ID]}:base"
+        assert [bool(p) for p in prompts] == [bool(k) for k in kinds]
+    with pytest.raises(BadInput, match="unknown AdvPrompt kinds"):
+        attach_variants(table, tmp_path / "variants.parquet", kinds=["IDX"])
+
+
+def test_advprompt_kinds_setting_is_checked_and_spelled_one_way():
+    import pytest
+
+    from leakray.config import ADVPROMPT_KINDS, load_config
+    from leakray.errors import BadInput
+    from leakray.perturb.core import KINDS
+
+    assert ADVPROMPT_KINDS == KINDS  # config spells out what the perturbations define
+    a = load_config([], ["columns.advprompt_kinds=[IDL, IDC, IDL]"])
+    assert a.columns.advprompt_kinds == ["IDC", "IDL"]
+    assert a.hashed() == load_config([], ["columns.advprompt_kinds=[IDC, IDL]"]).hashed()
+    for bad, hint in (("[]", "at least one kind"), ("[IDQ]", "IDC")):
+        with pytest.raises(BadInput, match=hint):
+            load_config([], [f"columns.advprompt_kinds={bad}"])
+
+
+def test_advprompt_ablation_skips_a_kind_that_was_not_collected():
+    """A kind outside columns.advprompt_kinds is masked in both collections: its ablation
+    rows would refit "all" again, so they are named as not collected instead."""
+    from leakray.detect.advprompt import FEATURE_NAMES, AdvPromptConfig
+    from leakray.protocols.advprompt_eval import advprompt_ablation
+
+    def without_idc(t):
+        kinds = [[k if not 1 <= j <= 2 else "" for j, k in enumerate(row)] for row in t.column(C.ADV_KIND).to_pylist()]
+        return t.set_column(t.column_names.index(C.ADV_KIND), C.ADV_KIND, pa.array(kinds, pa.list_(pa.string())))
+
+    ab = advprompt_ablation(without_idc(_adv_collection(40, 5, 0.8)), without_idc(_adv_collection(40, 6, 0.8)),
+                            config=AdvPromptConfig(epochs=3, batch_size=20, hidden=(32,)))
+    assert ab["not_collected"] == ["IDC"] and set(ab["without_kind"]) == {"IRV", "VR", "IDP", "IDL"}
+    assert set(ab["without_feature"]) == set(FEATURE_NAMES) - {"sim_IDC1", "sim_IDC2", "ppl_IDC1", "ppl_IDC2"}
+    assert ab["all"] > 0.8

@@ -73,7 +73,7 @@ def advprompt_ablation(shadow: pa.Table, target: pa.Table, seed: int = 0, *,
 
     from sklearn.metrics import roc_auc_score
 
-    from leakray.perturb.core import KINDS, SLOTS
+    from leakray.perturb.core import KINDS, SLOTS, slot_name
 
     config = config or ap.AdvPromptConfig()
     sa, ta = ap.arrays_from_table(shadow), ap.arrays_from_table(target)
@@ -85,11 +85,19 @@ def advprompt_ablation(shadow: pa.Table, target: pa.Table, seed: int = 0, *,
         keep = np.array([k != kind for k, _ in SLOTS])
         return {**arrays, "adv_mask": arrays["adv_mask"] & keep}
 
-    out = {"seed": seed, "all": auc(sa, ta, config), "without_kind": {}, "without_feature": {}}
+    # a kind with no variant in either collection (not in columns.advprompt_kinds) is masked
+    # already: without it is "all" again, and so is without one of its slots' features
+    present = sa["adv_mask"].any(0) | ta["adv_mask"].any(0)
+    absent = [kind for kind in KINDS if not any(p for (k, _), p in zip(SLOTS, present) if k == kind)]
+    absent_features = {f"{f}_{slot_name(k, i)}" for k, i in SLOTS if k in absent for f in ("sim", "ppl")}
+    out = {"seed": seed, "all": auc(sa, ta, config), "without_kind": {}, "without_feature": {},
+           "not_collected": absent}
     for kind in KINDS:
-        out["without_kind"][kind] = auc(without_kind(sa, kind), without_kind(ta, kind), config)
+        if kind not in absent:
+            out["without_kind"][kind] = auc(without_kind(sa, kind), without_kind(ta, kind), config)
     for name in ap.FEATURE_NAMES:
-        out["without_feature"][name] = auc(sa, ta, replace(config, drop_features=(name,)))
+        if name not in absent_features:
+            out["without_feature"][name] = auc(sa, ta, replace(config, drop_features=(name,)))
     return out
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from leakray.config import LOCAL_MODELS, AuditConfig, to_stage
+from leakray.config import ADVPROMPT_KINDS, LOCAL_MODELS, AuditConfig, to_stage
 from leakray.console import Console
 from leakray.data.registry import benchmark_path
 from leakray.detect.card import DetectorCard
@@ -262,7 +262,13 @@ def collection_settings(cfg: AuditConfig, reference: str) -> dict:
             "upper_case": cfg.columns.upper_case,
             # the memory probes' statistics depend on their generation budget (text-only audits use them)
             "probes": list(cfg.columns.probes), "probe_tokens": cfg.columns.probe_tokens,
-            "next_cuts": cfg.columns.next_cuts, "next_draws": cfg.columns.next_draws}
+            "next_cuts": cfg.columns.next_cuts, "next_draws": cfg.columns.next_draws,
+            # AdvPrompt's features of a kind not completed are missing slots
+            "advprompt_kinds": list(cfg.columns.advprompt_kinds)}
+
+
+# settings a card made before they were recorded was made with (its defaults then)
+UNRECORDED = {"advprompt_kinds": list(ADVPROMPT_KINDS)}
 
 
 def run_audit(cfg: AuditConfig, console: Console | None = None, card_only: bool = False) -> Path:
@@ -330,7 +336,7 @@ def card_mismatches(card: DetectorCard, cfg: AuditConfig, tasks: list[dict]) -> 
         out.append(f"the card was built on {card.meta['benchmark']['name']}, not {cfg.benchmark.name}: "
                    "its calibration transfers only as far as the benchmarks resemble each other")
     mine, theirs = collection_settings(cfg, target_reference(cfg)), card.meta.get("collection", {})
-    differ = sorted(k for k in mine if theirs.get(k) != mine[k])
+    differ = sorted(k for k in mine if theirs.get(k, UNRECORDED.get(k)) != mine[k])
     if differ:
         out.append(f"collection settings differ from the card's ({', '.join(differ)}): features may shift")
     return out

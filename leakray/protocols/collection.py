@@ -110,4 +110,4 @@ def with_variants(table: pa.Table, cfg, stage_dir: Path) -> pa.Table:
         return table
     from leakray.stages.prove import attach_variants
 
-    return attach_variants(table, Path(stage_dir) / "variants.parquet")
+    return attach_variants(table, Path(stage_dir) / "variants.parquet", kinds=cfg.columns.advprompt_kinds)

@@ -237,6 +237,7 @@ def _ablation_lines(metrics: dict) -> list[str]:
         lines += ["", f"## AdvPrompt ablation (shadow setting, seed {ab['seed']}; target AUC, all inputs "
                       f"{_fmt(ab['all'])})", "", "| without kind | AUC |", "|---|---|"]
         lines += [f"| {k} | {_fmt(v)} |" for k, v in ab["without_kind"].items()]
+        lines += [f"| {k} | not collected (columns.advprompt_kinds) |" for k in ab.get("not_collected", [])]
         worst = sorted(ab["without_feature"].items(), key=lambda kv: kv[1])[:5]
         lines += ["", "Features whose removal costs the most AUC: "
                   + ", ".join(f"{k} ({_fmt(v)})" for k, v in worst) + "."]

@@ -8,11 +8,13 @@ both collections (shadow and target) read it."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from leakray.errors import BadInput
 from leakray.schema import TASK_SCHEMA, C, T
 from leakray.stages.base import BatchStep, StageResources
 
@@ -88,11 +90,23 @@ def kept_summary(result: pa.Table) -> dict:
     return out
 
 
-def attach_variants(table: pa.Table, variants_path: Path) -> pa.Table:
-    """The collection's input table with each task's `adv_prompts` / `adv_kind` joined by task id."""
+def attach_variants(table: pa.Table, variants_path: Path, kinds: Sequence[str] | None = None) -> pa.Table:
+    """The collection's input table with each task's `adv_prompts` / `adv_kind` joined by task id.
+    ``kinds``: the perturbation kinds to complete (None: all); another kind's slots are left
+    empty, as an inapplicable variant's are, so nothing downstream decodes or embeds them."""
+    from leakray.perturb.core import KINDS, SLOTS
+
     v = pq.read_table(variants_path)
     by_id = {t: i for i, t in enumerate(v.column(C.TASK_ID).to_pylist())}
     idx = [by_id[t] for t in table.column(C.TASK_ID).to_pylist()]
+    unknown = sorted(set(kinds or ()) - set(KINDS))
+    if unknown:
+        raise BadInput(f"unknown AdvPrompt kinds {unknown} (known: {list(KINDS)})", field="columns.advprompt_kinds")
+    # slot 0 is the task's own prompt, always kept; slots 1..11 follow SLOTS
+    keep = [True] + [kinds is None or kind in kinds for kind, _ in SLOTS]
     for name in (C.ADV_PROMPTS, C.ADV_KIND):
-        table = table.append_column(name, v.column(name).take(idx))
+        rows = v.column(name).take(idx).to_pylist()
+        if not all(keep):
+            rows = [None if r is None else [x if k else "" for x, k in zip(r, keep)] for r in rows]
+        table = table.append_column(name, pa.array(rows, pa.list_(pa.string())))
     return table
