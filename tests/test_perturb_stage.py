@@ -28,6 +28,13 @@ def test_prove_batch_folds_kept_variants_into_one_row_per_task(tmp_path):
     pq.write_table(out, tmp_path / "variants.parquet")
     joined = attach_variants(input_table(tasks[::-1], {}, set()), tmp_path / "variants.parquet")
     assert joined.column(C.ADV_PROMPTS).to_pylist()[0][0] == tasks[-1][T.PROMPT]
+    # one kind only (columns.advprompt_kinds): its variants are the same ones, the rest not tried
+    (one,) = prove_batch(table.slice(0, 1), Sandbox(SandboxConfig(timeout_s=10)), seed=0, kinds=["IDP"]).to_pylist()
+    every = out.to_pylist()[0]
+    assert one[C.ADV_KIND] == ["base", "", "", "", "", "", "", "IDP1", "IDP2", "", "", ""]
+    assert one[C.ADV_PROMPTS] == [p if k in ("base", "IDP1", "IDP2") else "" for p, k in
+                                  zip(every[C.ADV_PROMPTS], every[C.ADV_KIND])]
+    assert [c.split("|")[1] for c in one["check"]] == ["IDP", "IDP"]
 
 
 def test_proven_variants_are_reused_across_runs_by_task_and_settings(tmp_path, monkeypatch):
@@ -40,15 +47,17 @@ def test_proven_variants_are_reused_across_runs_by_task_and_settings(tmp_path, m
     monkeypatch.setenv("LEAKRAY_CACHE", str(tmp_path / "cache"))
     proved = []
 
-    def fake_prove(batch, sandbox, seed, threads=2):  # the sandbox's verdicts, stood in for by a rule
+    def fake_prove(batch, sandbox, seed, threads=2, kinds=None):  # the sandbox's verdicts, stood in for by a rule
         ids = batch.column(C.TASK_ID).to_pylist()
         proved.extend(ids)
+        asked.append(kinds)
         return pa.table({C.TASK_ID: ids, C.ADV_PROMPTS: [[f"{t} {seed}", ""] for t in ids],
                          C.ADV_KIND: [["base", ""] for _ in ids],
                          "check": [["python|IDC|kept", f"python|FDC|{'failed' if t == flaky else 'kept'}"]
                                    for t in ids]})
 
     monkeypatch.setattr(prove, "prove_batch", fake_prove)
+    asked = []
     tasks = read_humaneval()[:5]
     flaky = tasks[4][T.TASK_ID]
     args = {"seed": 0, "timeout_s": 10.0, "threads": 1, "actors": 1, "allow_weak_isolation": True, "engine": "local"}
@@ -73,6 +82,20 @@ def test_proven_variants_are_reused_across_runs_by_task_and_settings(tmp_path, m
     run("e", tasks)  # the flaky task's failed variant: proved, not stored
     retried, _ = run("f", tasks)
     assert retried["from_cache"] == 4 and proved == [flaky]
+    # fewer kinds: whole cached rows are read, the rest proved for those kinds only, and kept
+    # under those kinds (never read back as a whole row)
+    asked.clear()
+    fewer, _ = run("g", read_humaneval()[:7], kinds=["IDC"])
+    new = [t[T.TASK_ID] for t in read_humaneval()[5:7]]
+    assert fewer["from_cache"] == 4 and sorted(proved) == sorted([flaky, *new])
+    assert asked == [["IDC"]]
+    again, _ = run("h", read_humaneval()[:7], kinds=["IDC"])
+    assert again["from_cache"] == 6 and proved == [flaky]
+    other, _ = run("i", read_humaneval()[:7], kinds=["IDC", "VR"])
+    assert other["from_cache"] == 4 and sorted(proved) == sorted([flaky, *new]) and asked[-1] == ["IDC", "VR"]
+    every, _ = run("j", read_humaneval()[:7], kinds=["IDC", "IRV", "VR", "IDP", "IDL"])  # all five: whole rows
+    assert every["from_cache"] == 4 and asked[-1] is None
+    assert run("k", read_humaneval()[:7])[0]["from_cache"] == 6
 
 
 def _adv_collection(n: int, seed: int, signal: float) -> pa.Table:

@@ -34,20 +34,30 @@ def collect_to(table: pa.Table, model_path: str, cfg: CollectConfig, out_dir: Pa
 
 
 def prove_variants_to(tasks: list[dict], out_dir: Path, *, seed: int, timeout_s: float, threads: int, actors: int,
-                      allow_weak_isolation: bool, batch_size: int = 8, engine: str = "ray") -> dict:
+                      allow_weak_isolation: bool, batch_size: int = 8, engine: str = "ray",
+                      kinds: list[str] | None = None) -> dict:
     """The AdvPrompt variants of every task, proven in the sandbox, into ``out_dir/variants.parquet``
     (one row per task); returns the kept-variant rates and how many tasks came from the proof
-    cache (``protocols.proof_cache``: a task proven by an earlier run under the same settings)."""
+    cache (``protocols.proof_cache``: a task proven by an earlier run under the same settings).
+    ``kinds``: prove only these kinds' variants (None or all five: every variant). A run of fewer
+    kinds reads the whole rows an earlier run of all five proved (the collection leaves the other
+    kinds' slots empty) and keeps the rows it proves under a key of its own kinds."""
     import pyarrow.parquet as pq
 
+    from leakray.perturb.core import KINDS
     from leakray.protocols import proof_cache
     from leakray.stages.prove import kept_summary, one_row_per_task, prove_steps, task_table
 
     settings = {"seed": seed, "timeout_s": timeout_s, "allow_weak_isolation": allow_weak_isolation}
+    every = kinds is None or set(kinds) >= set(KINDS)
     cached, todo = proof_cache.split_cached(tasks, settings)
+    if not every:  # a row of these kinds only is never read as a whole row
+        settings = {**settings, "kinds": [k for k in KINDS if k in kinds]}
+        more, todo = proof_cache.split_cached(todo, settings)
+        cached += more
     parts = []
     if todo or not cached:
-        steps = prove_steps(seed, timeout_s, threads, actors, allow_weak_isolation)
+        steps = prove_steps(seed, timeout_s, threads, actors, allow_weak_isolation, None if every else list(kinds))
         proven = one_row_per_task(run_steps(task_table(todo), steps, batch_size=batch_size, engine=engine,
                                             out_dir=out_dir))
         proof_cache.store(todo, proven, settings)
@@ -68,7 +78,8 @@ def perturb_spec(cfg, tasks: list[dict]):
     def run(out: Path) -> dict:
         got = prove_variants_to(tasks, out, seed=cfg.columns.advprompt_seed, timeout_s=cfg.execute.timeout_s,
                                 threads=cfg.execute.threads, actors=cfg.ray.execute_actors,
-                                allow_weak_isolation=cfg.execute.allow_weak_isolation)
+                                allow_weak_isolation=cfg.execute.allow_weak_isolation,
+                                kinds=cfg.columns.advprompt_kinds)
         return {"rows_in": len(tasks), "rows_out": len(tasks), **got}
 
     return StageSpec("perturb", run, lambda i: "AdvPrompt variants kept: " + ", ".join(

@@ -24,31 +24,34 @@ BASE_SLOT = "base"
 class ProveVariants:
     """Actor: variants of each task in a batch, checked by this actor's sandbox."""
 
-    def __init__(self, seed: int, timeout_s: float, threads: int, allow_weak_isolation: bool):
+    def __init__(self, seed: int, timeout_s: float, threads: int, allow_weak_isolation: bool,
+                 kinds: Sequence[str] | None = None):
         from leakray.sandbox import Sandbox, SandboxConfig
 
-        self.seed, self.threads = seed, threads
+        self.seed, self.threads, self.kinds = seed, threads, kinds
         self.sandbox = Sandbox(SandboxConfig(timeout_s=timeout_s, allow_weak_isolation=allow_weak_isolation))
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        return prove_batch(batch, self.sandbox, self.seed, self.threads)
+        return prove_batch(batch, self.sandbox, self.seed, self.threads, self.kinds)
 
 
-def prove_batch(batch: pa.Table, sandbox, seed: int, threads: int = 2) -> pa.Table:
-    from leakray.perturb.core import SLOTS, slot_name, variants_of
+def prove_batch(batch: pa.Table, sandbox, seed: int, threads: int = 2, kinds: Sequence[str] | None = None) -> pa.Table:
+    """``kinds``: prove only these kinds' variants (None: all); another kind's slots are empty
+    and absent from ``check`` (neither kept nor failed: not tried)."""
+    from leakray.perturb.core import KINDS, SLOTS, slot_name, variants_of
     from leakray.perturb.keep import keep_variants
 
     tasks = batch.to_pylist()
-    variants = [variants_of(t, seed) for t in tasks]
+    variants = [variants_of(t, seed, tuple(kinds) if kinds is not None else KINDS) for t in tasks]
     checks = keep_variants(tasks, variants, sandbox, workers=threads)
     prompts, kinds, status = [], [], []
     for task, vs, cs in zip(tasks, variants, checks):
         by_slot = {c.slot: (v, c) for v, c in zip(vs, cs)}
         row_p, row_k = [task[T.PROMPT]], [BASE_SLOT]
         for kind, index in SLOTS:
-            v, c = by_slot[slot_name(kind, index)]
-            row_p.append(v.prompt if c.kept else "")
-            row_k.append(c.slot if c.kept else "")
+            v, c = by_slot.get(slot_name(kind, index), (None, None))
+            row_p.append(v.prompt if c is not None and c.kept else "")
+            row_k.append(c.slot if c is not None and c.kept else "")
         prompts.append(row_p)
         kinds.append(row_k)
         status.append([f"{c.language}|{c.kind}|{c.status}" for c in cs])
@@ -58,10 +61,11 @@ def prove_batch(batch: pa.Table, sandbox, seed: int, threads: int = 2) -> pa.Tab
                      "check": pa.array(status, pa.list_(pa.string()))})
 
 
-def prove_steps(seed: int, timeout_s: float, threads: int, actors: int, allow_weak_isolation: bool) -> list[BatchStep]:
+def prove_steps(seed: int, timeout_s: float, threads: int, actors: int, allow_weak_isolation: bool,
+                kinds: Sequence[str] | None = None) -> list[BatchStep]:
     # the sandbox's processes are outside Ray's accounting: its actors only wait on them
     return [BatchStep(ProveVariants, {"seed": seed, "timeout_s": timeout_s, "threads": threads,
-                                      "allow_weak_isolation": allow_weak_isolation},
+                                      "allow_weak_isolation": allow_weak_isolation, "kinds": kinds},
                       StageResources(actors=actors, cpus=0.0))]
 
 
