@@ -44,7 +44,7 @@ def prove_batch(batch: pa.Table, sandbox, seed: int, threads: int = 2, kinds: Se
     tasks = batch.to_pylist()
     variants = [variants_of(t, seed, tuple(kinds) if kinds is not None else KINDS) for t in tasks]
     checks = keep_variants(tasks, variants, sandbox, workers=threads)
-    prompts, kinds, status = [], [], []
+    prompts, slot_kinds, status = [], [], []
     for task, vs, cs in zip(tasks, variants, checks):
         by_slot = {c.slot: (v, c) for v, c in zip(vs, cs)}
         row_p, row_k = [task[T.PROMPT]], [BASE_SLOT]
@@ -53,11 +53,11 @@ def prove_batch(batch: pa.Table, sandbox, seed: int, threads: int = 2, kinds: Se
             row_p.append(v.prompt if c is not None and c.kept else "")
             row_k.append(c.slot if c is not None and c.kept else "")
         prompts.append(row_p)
-        kinds.append(row_k)
+        slot_kinds.append(row_k)
         status.append([f"{c.language}|{c.kind}|{c.status}" for c in cs])
     return pa.table({C.TASK_ID: [t[T.TASK_ID] for t in tasks],
                      C.ADV_PROMPTS: pa.array(prompts, pa.list_(pa.string())),
-                     C.ADV_KIND: pa.array(kinds, pa.list_(pa.string())),
+                     C.ADV_KIND: pa.array(slot_kinds, pa.list_(pa.string())),
                      "check": pa.array(status, pa.list_(pa.string()))})
 
 
