@@ -125,3 +125,14 @@ def test_isolation_line_mixed_and_missing():
     md = render_markdown({**base, "isolation": {"collect_shadow": None}})
     assert "Sandbox isolation of generated code: **–**" in md
     assert "not recorded" in render_markdown(base)
+
+
+def test_a_run_of_fewer_advprompt_kinds_says_so():
+    base = {"benchmark": {"name": "humaneval"}, "protocol": "p", "detectors": {"advprompt": {"auc": 0.8}},
+            "timings_s": {}, "models": {}, "collections": {}, "seeds": {},
+            "leak": {r: leak_summary(_table([_row(1, [True, False], [0.1, 0.3]),
+                                             _row(0, [False, False], [0.8, 0.9])])) for r in ("target", "shadow")}}
+    every = {"advprompt": True, "advprompt_kinds": ["IDC", "IRV", "VR", "IDP", "IDL"]}
+    assert "completed the variants" not in render_markdown({**base, "config": {"columns": every}})
+    md = render_markdown({**base, "config": {"columns": {**every, "advprompt_kinds": ["VR", "IDP"]}}})
+    assert "AdvPrompt-MIA completed the variants of VR, IDP only" in md
