@@ -267,3 +267,14 @@ def test_the_control_route_card_shows_numbers_only_where_its_null_held():
     broken = {**held, "detected": None, "why_unusable": "the control tasks are not the benchmark's kind"}
     page = rh.render_audit({"summary": {"control": broken}}, [])
     assert "22.9%" not in page and "Mann–Whitney" not in page and "not the benchmark&#x27;s kind" in page
+
+
+def test_a_run_of_fewer_advprompt_kinds_says_so_in_the_page():
+    detectors = {"advprompt": {"family": "advprompt", "auc": 0.8}}
+    every = {"advprompt": True, "advprompt_kinds": ["IDC", "IRV", "VR", "IDP", "IDL"]}
+    assert "completed the variants" not in rh.render_audit({"detectors": detectors, "config": {"columns": every}}, [])
+    one = {"columns": {**every, "advprompt_kinds": ["IDP"]}}
+    page = rh.render_audit({"detectors": detectors, "config": one}, [])
+    assert "AdvPrompt-MIA completed the variants of IDP only (columns.advprompt_kinds;" in page
+    # without AdvPrompt-MIA among the detectors the kinds say nothing about the table
+    assert "completed the variants" not in rh.render_audit({"detectors": {"min_k": {}}, "config": one}, [])

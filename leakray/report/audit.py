@@ -19,6 +19,7 @@ from leakray.evaluate.audit_routes import card_estimate, decide, flags_of
 from leakray.data.registry import benchmark_path
 from leakray.evaluate.inflation import inflation, pass_at_1
 from leakray.models.host import fingerprint_line, host_fingerprint
+from leakray.report.advprompt_kinds import advprompt_kinds_line
 from leakray.runs import MARKER, write_json_atomic
 from leakray.schema import C, P, S, T
 
@@ -412,6 +413,7 @@ def render_markdown(r: dict) -> str:
         ci = d.get("auc_ci") or [None, None]
         lines.append(f"| {name} | {d['family']} | {_f(d['auc'])} | {_f(ci[0])}–{_f(ci[1])} | {_f(d['tpr_at_5fpr'])} |"
                      + (f" {_f(d.get('target_auc'))} |" if r.get("truth") else ""))
+    lines += advprompt_kinds_line(r.get("config"), r["detectors"])
     if r.get("skipped"):
         lines += ["", "Not run: " + "; ".join(f"{k} ({v})" for k, v in r["skipped"].items())]
     errors = {name: st["errors"] for name, st in (r.get("stages") or {}).items() if st.get("errors")}

@@ -23,6 +23,7 @@ import numpy as np
 
 from leakray.errors import BadInput
 from leakray.report import plots
+from leakray.report.advprompt_kinds import advprompt_kinds_line
 from leakray.schema import S
 
 log = logging.getLogger(__name__)
@@ -333,8 +334,11 @@ def _detector_rows(detectors: Mapping) -> list[str]:
 
 
 def _skipped(report: Mapping) -> str:
+    """Detectors not run, and AdvPrompt-MIA's kinds when fewer than the paper's."""
     items = "".join(f"<li><b>{fmt(n)}</b>: {fmt(why)}</li>" for n, why in (report.get("skipped") or {}).items())
-    return f"<ul class='note'>{items}</ul>" if items else ""
+    kinds = advprompt_kinds_line(report.get("config"), report.get("detectors") or {})
+    return ((f"<ul class='note'>{items}</ul>" if items else "")
+            + "".join(f"<p class='note'>{escape(line.replace('`', ''))}</p>" for line in kinds if line))
 
 
 def _audit_plots(report: Mapping, samples: list) -> str:

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from leakray.models.host import fingerprint_line, host_fingerprint
+from leakray.report.advprompt_kinds import advprompt_kinds_line
 from leakray.runs import MARKER, write_json_atomic
 from leakray.schema import C
 
@@ -229,19 +230,6 @@ def _by_auc(item) -> tuple:
     return (not ok, -auc if ok else 0.0, item[0])
 
 
-def _advprompt_kinds_line(r: dict) -> list[str]:
-    """Which perturbation kinds AdvPrompt-MIA's variants came from, when not the paper's five."""
-    from leakray.perturb.core import KINDS as ADVPROMPT_KINDS
-
-    columns = (r.get("config") or {}).get("columns") or {}
-    kinds = columns.get("advprompt_kinds")
-    if not columns.get("advprompt") or not kinds or list(kinds) == list(ADVPROMPT_KINDS) \
-            or not any(name.startswith("advprompt") for name in r.get("detectors", {})):
-        return []
-    return ["", f"AdvPrompt-MIA completed the variants of {', '.join(kinds)} only (`columns.advprompt_kinds`; "
-                "the paper's are all five): the other kinds' slots are missing, as an inapplicable variant's are."]
-
-
 def _ablation_lines(metrics: dict) -> list[str]:
     """AdvPrompt's RQ2 (without each kind / feature) and CGMIA's expert-block subsets, when run."""
     lines = []
@@ -283,7 +271,7 @@ def render_markdown(r: dict) -> str:
     lines += ["", "Sorted by AUC. Wall time covers fit, threshold and scoring over all seeds; "
               + ((r.get("detectors_full") or {}).get("cost_note") or "")]
     lines += [f"- **{name}** skipped: {why}" for name, why in (r.get("skipped") or {}).items()]
-    lines += _advprompt_kinds_line(r)
+    lines += advprompt_kinds_line(r.get("config"), r.get("detectors", {}))
     refs = r.get("reference_models")
     if refs:
         auc = refs["auc"]
