@@ -10,7 +10,8 @@ side by side and the ratio of their totals.
 
 ``--fresh`` measures what a new user waits for: a fresh clone of this repository's HEAD, a new
 HOME and model cache, then the README's command (`bash scripts/demo.sh`, install included),
-timed as a whole; then the stage timings from its report.
+timed as a whole; then the stage timings from its report, each with how busy the machine's CPUs
+were during it.
 """
 
 from __future__ import annotations
@@ -50,8 +51,11 @@ def fresh(root: Path) -> None:
     r = json.loads(report.read_text())
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=clone, capture_output=True, text=True)
     print(f"\nfresh clone {clone} (HEAD {head.stdout.strip()}): `bash scripts/demo.sh` took {wall:.0f} s")
+    # machine busy: the share of the machine's CPU time busy during the stage (near 100%: CPU-bound,
+    # so no reordering of stages would shorten the run; only less work would)
     for stage, seconds in r["timings_s"].items():
-        print(f"  {stage:<24}{seconds or 0:>8.1f} s")
+        busy = (r.get("stages") or {}).get(stage, {}).get("machine_busy")
+        print(f"  {stage:<24}{seconds or 0:>8.1f} s" + (f"   machine busy {busy:.0%}" if busy is not None else ""))
     for name in ("cgmia", "advprompt", "ref_loss", "gt_match"):
         d = r["detectors"].get(name) or {}
         print(f"  {name:<16} AUC {d.get('auc')} {d.get('auc_ci')}")

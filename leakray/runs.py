@@ -59,6 +59,42 @@ def output_root(path: str | Path) -> Path:
     return path.resolve()
 
 
+# Linux's whole-machine CPU counters: (busy, idle) CPU-seconds since boot, all CPUs together.
+PROC_STAT = "/proc/stat"
+
+
+def machine_cpu() -> tuple[float, float] | None:
+    """(busy, idle) CPU-seconds this machine has spent since boot, every CPU summed (busy: user,
+    nice, system, irq, softirq, steal; idle: idle, iowait), or None where /proc/stat is not there.
+    Why a stage records them: a stage whose machine stayed busy throughout is bound by its CPUs'
+    work, so only less work or more CPUs shortens it; idle CPUs during a stage mean it waited
+    (on start-up, I/O, one slow worker) and better scheduling could help (docs/DESIGN.md, "Where
+    the time goes on two cores")."""
+    try:
+        with open(PROC_STAT, encoding="ascii") as fh:
+            fields = fh.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 9:
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+    hz = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq + steal) / hz, (idle + iowait) / hz
+
+
+def machine_use(before: tuple[float, float] | None, after: tuple[float, float] | None) -> dict | None:
+    """The machine's busy and idle CPU-seconds between two `machine_cpu` readings, and the busy
+    share. It is the whole machine's (other processes' too) and only the machine this process
+    runs on: on a laptop the run's, on a cluster the driver's node."""
+    if before is None or after is None:
+        return None
+    busy, idle = after[0] - before[0], after[1] - before[1]
+    if busy < 0 or idle < 0 or busy + idle <= 0:
+        return None
+    return {"busy_s": round(busy, 2), "idle_s": round(idle, 2), "busy_share": round(busy / (busy + idle), 3),
+            "cpus": os.cpu_count()}
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))
@@ -73,6 +109,7 @@ class Stage:
         self.dir = Path(run_dir) / name
         self.dir.mkdir(parents=True, exist_ok=True)
         self._t0 = time.perf_counter()
+        self._cpu0 = machine_cpu()
 
     @property
     def marker(self) -> Path:
@@ -86,7 +123,7 @@ class Stage:
         return json.loads(self.marker.read_text()) if self.done else {}
 
     def start(self) -> "Stage":
-        self._t0 = time.perf_counter()
+        self._t0, self._cpu0 = time.perf_counter(), machine_cpu()
         return self
 
     def finish(self, **stats: Any) -> dict:
@@ -97,6 +134,10 @@ class Stage:
         if "seconds" in stats:
             stats["run_seconds"] = stats.pop("seconds")
         info = {"stage": self.name, "seconds": wall, **stats}
+        # the machine's CPUs over the stage (stages run `Together` share them: each records the whole machine's)
+        use = machine_use(self._cpu0, machine_cpu())
+        if use is not None:
+            info["machine_cpu"] = use
         write_json_atomic(self.marker, info)
         return info
 

@@ -1,3 +1,6 @@
+import json
+import os
+
 import pytest
 import yaml
 
@@ -157,7 +160,7 @@ def test_submitted_jobs_write_outside_rays_temporary_working_dir(tmp_path, monke
 
 
 def test_a_run_ends_with_its_total_and_its_slowest_stages(tmp_path):
-    from leakray.protocols.simulate import time_line
+    from leakray.protocols.engine import time_line
 
     runner = StageRunner(tmp_path, _Quiet())
     runner.run([StageSpec("a", lambda out: {})])
@@ -169,6 +172,38 @@ def test_a_run_ends_with_its_total_and_its_slowest_stages(tmp_path):
     assert time_line({}, 2.0) == "total 2 s (every stage was already done)"
     info["c"]["part_seconds"] = {"load": 2.0, "sample": 30.5, "execute": 6.0, "embed": 0.0}
     assert time_line(info, 61.2).endswith("; slowest parts (busy time): c/sample 30 s, c/execute 6 s, c/load 2 s")
+    machine = {"busy_s": 119.0, "idle_s": 3.4, "busy_share": 0.972, "cpus": 2}
+    assert time_line(info, 61.2, machine).endswith(
+        "c/load 2 s; this machine's 2 CPUs were 97% busy")
+    assert time_line({}, 2.0, machine) == "total 2 s (every stage was already done)"  # nothing ran: nothing to say
+
+
+def test_a_stage_marker_records_how_busy_the_machine_was(tmp_path, monkeypatch):
+    import time
+
+    from leakray import runs
+    from leakray.runs import machine_use
+
+    if runs.machine_cpu() is None:
+        pytest.skip("no /proc/stat on this system")
+
+    def spin(out):
+        end = time.process_time() + 0.3
+        while time.process_time() < end:  # 0.3 CPU-seconds of this process's own work
+            pass
+        return {}
+
+    StageRunner(tmp_path, _Quiet()).run([StageSpec("busy", spin)])
+    use = json.loads((tmp_path / "busy" / "_DONE.json").read_text())["machine_cpu"]
+    assert use["busy_s"] >= 0.25 and use["cpus"] == os.cpu_count() and 0 < use["busy_share"] <= 1
+    assert use["busy_share"] == pytest.approx(use["busy_s"] / (use["busy_s"] + use["idle_s"]), abs=2e-3)
+    # readings that cannot be compared (no /proc/stat, a counter reset) record nothing rather than a wrong share
+    assert machine_use(None, (5.0, 5.0)) is None and machine_use((5.0, 5.0), (4.0, 9.0)) is None
+    assert machine_use((1.0, 1.0), (4.0, 2.0)) == {"busy_s": 3.0, "idle_s": 1.0, "busy_share": 0.75,
+                                                   "cpus": os.cpu_count()}
+    monkeypatch.setattr(runs, "PROC_STAT", str(tmp_path / "missing"))  # macOS, a container without /proc
+    StageRunner(tmp_path, _Quiet()).run([StageSpec("elsewhere", lambda out: {})])
+    assert "machine_cpu" not in json.loads((tmp_path / "elsewhere" / "_DONE.json").read_text())
 
 
 def test_stages_run_together_side_by_side_each_with_its_own_marker(tmp_path):

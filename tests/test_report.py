@@ -78,7 +78,8 @@ def test_write_report_states_thresholds_degenerate_seeds_negatives_intervals_sta
     run = tmp_path / "humaneval-abc"
     for role, table in (("shadow", shadow), ("target", target)):
         _write_marker(run, f"collect_{role}", seconds=12.5, rows_in=table.num_rows, rows_out=table.num_rows,
-                      errors={"timeout": 2}, parse_failures={"codebleu": 3}, isolation="bwrap")
+                      errors={"timeout": 2}, parse_failures={"codebleu": 3}, isolation="bwrap",
+                      machine_cpu={"busy_s": 24.1, "idle_s": 0.9, "busy_share": 0.964, "cpus": 2})
         pq.write_table(table, run / f"collect_{role}" / "collection.parquet")
     _write_marker(run, "detect", seconds=4.0, rows_in=140)  # no rows_out/errors recorded
     (run / "detect" / "metrics.json").write_text(json.dumps(scores_to_dict({**res, "scores": None})))
@@ -96,9 +97,10 @@ def test_write_report_states_thresholds_degenerate_seeds_negatives_intervals_sta
     assert cg["threshold"]["rule"] == "shadow_fpr:0.05" and len(cg["threshold"]["values"]) == 2
     assert "out-of-fold" in cg["threshold"]["chosen_on"]
     assert report["detectors"]["detectleak"]["threshold"]["values"] == res["thresholds"]["detectleak"]["values"]
-    assert report["stages"]["collect_target"] == {"seconds": 12.5, "rows_in": 60, "rows_out": 60,
-                                                  "errors": {"timeout": 2}, "parse_failures": {"codebleu": 3}}
-    assert report["stages"]["detect"]["rows_out"] is None
+    assert report["stages"]["collect_target"] == {"seconds": 12.5, "machine_busy": 0.964, "rows_in": 60,
+                                                  "rows_out": 60, "errors": {"timeout": 2},
+                                                  "parse_failures": {"codebleu": 3}}
+    assert report["stages"]["detect"]["rows_out"] is None and report["stages"]["detect"]["machine_busy"] is None
     assert json.loads((run / "report.json").read_text())["detectors"] == json.loads(json.dumps(report["detectors"]))
 
     md = (run / "report.md").read_text()
@@ -111,8 +113,9 @@ def test_write_report_states_thresholds_degenerate_seeds_negatives_intervals_sta
     assert "| 1 of 2 |" in md and "| 42 |" in md
     assert f"[{cg['auc_ci'][0]:.3f}, {cg['auc_ci'][1]:.3f}]" in md
     assert "42 non-members" in md and "1/42" in md and "200 resamples" in md
-    assert "| collect_target | 12.5 | 60 | 60 | timeout: 2 | codebleu: 3 |" in md
-    assert "| detect | 4.0 | 140 | – | – | – |" in md
+    assert "| collect_target | 12.5 | 96% | 60 | 60 | timeout: 2 | codebleu: 3 |" in md
+    assert "| detect | 4.0 | – | 140 | – | – | – |" in md  # a marker without the machine's reading
+    assert "machine busy: the share of the CPU time" in md
 
 
 def test_isolation_line_mixed_and_missing():

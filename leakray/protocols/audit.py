@@ -24,7 +24,8 @@ from leakray.detect.card import DetectorCard
 from leakray.errors import BadInput
 from leakray.protocols.simulate import (base_model, collect_config, load_tasks, model_path, preflight_isolation,
                                         training_text)
-from leakray.runs import StageRunner, StageSpec, Together, content_hash, write_json_atomic
+from leakray.runs import (StageRunner, StageSpec, Together, content_hash, machine_cpu, machine_use,
+                          write_json_atomic)
 from leakray.storage import is_uri, local_copy
 from leakray.schema import C, K, R, T
 
@@ -274,11 +275,11 @@ UNRECORDED = {"advprompt_kinds": list(ADVPROMPT_KINDS)}
 def run_audit(cfg: AuditConfig, console: Console | None = None, card_only: bool = False) -> Path:
     """Run (or resume) an audit; returns its directory (report.json, report.md, report.html).
     ``card_only``: stop once the detector card is built (`leakray card build`)."""
-    from leakray.protocols.engine import open_run, stage_runner
+    from leakray.protocols.engine import open_run, stage_runner, time_line
     from leakray.report.audit import write_audit_report
 
     console = console or Console()
-    t_start = time.perf_counter()
+    t_start, cpu_start = time.perf_counter(), machine_cpu()
     tasks = load_tasks(cfg)
     isolation = preflight_isolation(cfg)
     card = cfg.audit.card
@@ -315,6 +316,8 @@ def run_audit(cfg: AuditConfig, console: Console | None = None, card_only: bool 
     if card_only:
         store.close()
         console.say(f"detector card {card.id}: {store.location}/card (reuse it: leakray audit --card {card.path})")
+        console.say(time_line({n: runner.info[n] for n in runner.ran}, time.perf_counter() - t_start,
+                              machine_use(cpu_start, machine_cpu())))
         return card.path
     report = write_audit_report(run_dir, cfg, tasks, card, isolation,
                                 {"total_this_invocation": round(time.perf_counter() - t_start, 1)})
@@ -327,6 +330,8 @@ def run_audit(cfg: AuditConfig, console: Console | None = None, card_only: bool 
                     f"{lf['route']} route); verdicts {report['summary']['verdicts']}"
                     + (f"; {lf['caveat']}" if lf.get("caveat") else ""))
     console.say(f"report: {store.location}/report.html")
+    console.say(time_line({n: runner.info[n] for n in runner.ran}, time.perf_counter() - t_start,
+                          machine_use(cpu_start, machine_cpu())))
     return run_dir
 
 

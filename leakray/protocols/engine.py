@@ -26,3 +26,20 @@ def stage_runner(cfg, store: RunStore, console: Console) -> StageRunner:
 
     ensure_ray(cfg.ray.address, verbose=console.verbose, log_dir=store.local / "logs")
     return StageRunner(store.local, console, store)
+
+
+def time_line(ran_now: dict[str, dict], total_s: float, machine: dict | None = None, top: int = 3) -> str:
+    """Where this invocation's time went: its total, the slowest stages it ran (a resumed stage
+    cost nothing now and is left out), the slowest parts inside them, and how busy this machine's
+    CPUs were over it (``machine``: `runs.machine_use`): near 100%, only less work or more CPUs
+    makes the run shorter; idle CPUs mean it waited."""
+    ran = sorted(((i.get("seconds") or 0.0, name) for name, i in ran_now.items()), reverse=True)
+    slow = ", ".join(f"{name} {s:.0f} s" for s, name in ran[:top])
+    # inside the collections: each part's busy time (summed over workers, so parts overlap)
+    parts = sorted(((s, f"{name}/{part}") for name, i in ran_now.items()
+                    for part, s in (i.get("part_seconds") or {}).items() if s), reverse=True)
+    busy = ", ".join(f"{name} {s:.0f} s" for s, name in parts[:top])
+    cpus = (f"; this machine's {machine['cpus']} CPUs were {machine['busy_share']:.0%} busy"
+            if machine and ran else "")
+    return (f"total {total_s:.0f} s" + (f"; slowest: {slow}" if slow else " (every stage was already done)")
+            + (f"; slowest parts (busy time): {busy}" if busy else "") + cpus)

@@ -21,7 +21,8 @@ from leakray.data.folds import assign_folds
 from leakray.data.registry import load_benchmark
 from leakray.data.tasks import continuation, program_of
 from leakray.errors import BadInput
-from leakray.runs import StageRunner, StageSpec, Together, content_hash, write_json_atomic
+from leakray.runs import (StageRunner, StageSpec, Together, content_hash, machine_cpu, machine_use,
+                          write_json_atomic)
 from leakray.schema import C, T
 
 ROLES = {"target": (0, 1), "shadow": (2, 3)}  # role -> (member fold, non-member fold): D1/D2, D3/D4
@@ -334,10 +335,10 @@ def compare_benchmarks(parent: Path, console: Console) -> None:
 
 
 def run_one(cfg: SimulateConfig, console: Console) -> Path:
-    from leakray.protocols.engine import open_run, stage_runner
+    from leakray.protocols.engine import open_run, stage_runner, time_line
     from leakray.report.simulate import write_report
 
-    t_start = time.perf_counter()
+    t_start, cpu_start = time.perf_counter(), machine_cpu()
     tasks = load_tasks(cfg)
     isolation = preflight_isolation(cfg)
     store = open_run(cfg, f"{cfg.benchmark.name}-{run_id(cfg, tasks)}", len(tasks), console)
@@ -354,21 +355,9 @@ def run_one(cfg: SimulateConfig, console: Console) -> Path:
         console.say(f"{name:<15} AUC {_num(m.get('auc'))}  MCC {_num(m.get('mcc'))}  "
                     f"TPR@5%FPR {_num(m.get('tpr_at_5fpr'))}")
     console.say(f"report: {store.location}/report.md")
-    console.say(time_line({n: runner.info[n] for n in runner.ran}, time.perf_counter() - t_start))
+    console.say(time_line({n: runner.info[n] for n in runner.ran}, time.perf_counter() - t_start,
+                          machine_use(cpu_start, machine_cpu())))
     return run_dir
-
-
-def time_line(ran_now: dict[str, dict], total_s: float, top: int = 3) -> str:
-    """Where this invocation's time went: its total and the slowest stages it ran (a resumed
-    stage cost nothing now and is left out)."""
-    ran = sorted(((i.get("seconds") or 0.0, name) for name, i in ran_now.items()), reverse=True)
-    slow = ", ".join(f"{name} {s:.0f} s" for s, name in ran[:top])
-    # inside the collections: each part's busy time (summed over workers, so parts overlap)
-    parts = sorted(((s, f"{name}/{part}") for name, i in ran_now.items()
-                    for part, s in (i.get("part_seconds") or {}).items() if s), reverse=True)
-    busy = ", ".join(f"{name} {s:.0f} s" for s, name in parts[:top])
-    return (f"total {total_s:.0f} s" + (f"; slowest: {slow}" if slow else " (every stage was already done)")
-            + (f"; slowest parts (busy time): {busy}" if busy else ""))
 
 
 def _num(v) -> str:

@@ -26,13 +26,20 @@ METRIC_KEYS = ("precision", "recall", "mcc", "auc", "tpr_at_1fpr", "tpr_at_5fpr"
 # beside the metrics: the intervals, what the low-FPR numbers rest on, degenerate seeds
 DETAIL_KEYS = ("auc_ci", "tpr_at_5fpr_ci", "n_pos", "n_neg", "min_nonzero_fpr", "n_degenerate", "n_repeats")
 # per-stage stats the stages write into their markers (missing ones show as –)
-STAGE_KEYS = ("seconds", "rows_in", "rows_out", "errors", "parse_failures")
+# machine_busy: the share of this machine's CPU time that was busy during the stage (`runs.machine_use`)
+STAGE_KEYS = ("seconds", "machine_busy", "rows_in", "rows_out", "errors", "parse_failures")
 COLLECT_STAGES = ("collect_shadow", "collect_target")
 
 
 def _mean(values) -> float:
     values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
     return round(float(np.mean(values)), 4) if values else float("nan")
+
+
+def _stage_cell(key: str, value) -> str:
+    if isinstance(value, (int, float)) and key in ("seconds", "machine_busy"):
+        return f"{value:.1f}" if key == "seconds" else f"{value:.0%}"
+    return _fmt(value)
 
 
 def leak_summary(table: pa.Table) -> dict:
@@ -91,8 +98,10 @@ def detector_summary(metrics: dict) -> dict:
 
 
 def stage_stats(stages: dict) -> dict:
-    """``{stage: {seconds, rows_in, rows_out, errors, parse_failures}}`` from the markers (None if absent)."""
-    return {name: {k: info.get(k) for k in STAGE_KEYS} for name, info in stages.items()}
+    """``{stage: {seconds, machine_busy, rows_in, rows_out, errors, parse_failures}}`` from the
+    markers (None if absent: a marker written before machine_cpu was recorded, or not on Linux)."""
+    return {name: {**{k: info.get(k) for k in STAGE_KEYS},
+                   "machine_busy": (info.get("machine_cpu") or {}).get("busy_share")} for name, info in stages.items()}
 
 
 def isolation_of(stages: dict) -> dict:
@@ -306,9 +315,11 @@ def render_markdown(r: dict) -> str:
     lines += ["## Stages", "", "| stage | " + " | ".join(k.replace("_", " ") for k in STAGE_KEYS) + " |",
               "|---" * (len(STAGE_KEYS) + 1) + "|"]
     for name, st in (r.get("stages") or {}).items():
-        cells = [f"{st[k]:.1f}" if k == "seconds" and isinstance(st.get(k), (int, float)) else _fmt(st.get(k))
-                 for k in STAGE_KEYS]
+        cells = [_stage_cell(k, st.get(k)) for k in STAGE_KEYS]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "machine busy: the share of the CPU time of the machine that ran the driver (on a cluster, the "
+              "head's node) that was busy during the stage; stages run side by side share it. Near 100% a stage "
+              "is bound by its CPUs' work (more CPUs or less work shortens it); idle CPUs mean it waited."]
     extra = {k: v for k, v in r["timings_s"].items() if k not in (r.get("stages") or {})}
     if extra:
         lines += ["", "Timings: " + ", ".join(f"{k} {v:.1f} s" if isinstance(v, (int, float)) else f"{k} {_fmt(v)}"
