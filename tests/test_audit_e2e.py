@@ -73,6 +73,8 @@ def test_audit_end_to_end_then_reuse_card(ray_head, tmp_path, leakray_cache):
     assert (run / "cleaned" / "HumanEval.jsonl.gz").exists() and (run / "report.html").exists()
     assert (run / "report.md").read_text().startswith("# leakray audit")
     assert "AdvPrompt-MIA completed the variants of IDP only" in (run / "report.md").read_text()
+    assert "Time by stage (wall, in the invocation that ran it; the machine's CPUs busy over it): " \
+        in (run / "report.md").read_text()
     assert f"torch's CPU kernels **{report['environment']['torch_cpu_capability']}**" in (run / "report.md").read_text()
 
     # the card reused on a given target (the planted model, by path) over 8 of the tasks: no shadow,

@@ -139,3 +139,14 @@ def test_a_run_of_fewer_advprompt_kinds_says_so():
     assert "completed the variants" not in render_markdown({**base, "config": {"columns": every}})
     md = render_markdown({**base, "config": {"columns": {**every, "advprompt_kinds": ["VR", "IDP"]}}})
     assert "AdvPrompt-MIA completed the variants of VR, IDP only" in md
+
+
+def test_audit_report_says_what_each_stage_cost():
+    from leakray.report.audit import time_by_stage
+
+    stages = {"split": {"seconds": 0.0}, "perturb": {"seconds": 0.04}, "collect_target": {"seconds": 32.4, "machine_cpu": {"busy_share": 0.995}},
+              "card": {"seconds": 11.5, "machine_cpu": {"busy_share": 0.739}}, "screen": {"seconds": 1.4}}
+    assert time_by_stage(stages, {"total_this_invocation": 60.2}) == [
+        "", "Time by stage (wall, in the invocation that ran it; the machine's CPUs busy over it): collect_target "
+            "32.4 s (100%), card 11.5 s (74%), screen 1.4 s; this invocation 60 s."]  # a resumed 0.04-s stage: left out
+    assert time_by_stage({"split": {"seconds": 0.0}}, {}) == []  # nothing took time: no line
