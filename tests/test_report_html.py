@@ -278,3 +278,11 @@ def test_a_run_of_fewer_advprompt_kinds_says_so_in_the_page():
     assert "AdvPrompt-MIA completed the variants of IDP only (columns.advprompt_kinds;" in page
     # without AdvPrompt-MIA among the detectors the kinds say nothing about the table
     assert "completed the variants" not in rh.render_audit({"detectors": {"min_k": {}}, "config": one}, [])
+
+
+def test_audit_page_says_what_each_stage_cost():
+    stages = {"collect_target": {"seconds": 25.6, "machine_cpu": {"busy_share": 0.99}}, "card": {"seconds": 6.9}}
+    page = rh.render_audit({"stages": stages, "timings_s": {"total_this_invocation": 35.2}}, [])
+    assert ("<p class=\"note\">Time by stage (wall, in the invocation that ran it; the machine&#x27;s CPUs busy over "
+            "it): collect_target 25.6 s (99%), card 6.9 s; this invocation 35 s.</p>") in page
+    assert "Time by stage" not in rh.render_audit({}, [])  # a report without markers: no line

@@ -20,6 +20,7 @@ from leakray.data.registry import benchmark_path
 from leakray.evaluate.inflation import inflation, pass_at_1
 from leakray.models.host import fingerprint_line, host_fingerprint
 from leakray.report.advprompt_kinds import advprompt_kinds_line
+from leakray.report.stage_times import time_by_stage
 from leakray.runs import MARKER, write_json_atomic
 from leakray.schema import C, P, S, T
 
@@ -424,21 +425,6 @@ def render_markdown(r: dict) -> str:
     lines += time_by_stage(r.get("stages") or {}, r.get("timings_s") or {})
     lines += ["", "Per-sample verdicts: samples.parquet and report.html."]
     return "\n".join(lines) + "\n"
-
-
-def time_by_stage(stages: dict, timings: dict) -> list[str]:
-    """What the audit cost in time, slowest stage first, each with how busy the machine's CPUs were
-    over it (`runs.machine_use`; a stage resumed from an earlier invocation keeps its own time):
-    an audit of a paid endpoint or a large model is planned by it."""
-    timed = sorted(((st.get("seconds"), name, (st.get("machine_cpu") or {}).get("busy_share"))
-                    for name, st in stages.items() if (st.get("seconds") or 0) >= 0.05), key=lambda t: -t[0])
-    if not timed:
-        return []
-    total = timings.get("total_this_invocation")
-    return ["", "Time by stage (wall, in the invocation that ran it; the machine's CPUs busy over it): "
-            + ", ".join(f"{name} {sec:.1f} s" + (f" ({busy:.0%})" if busy is not None else "")
-                        for sec, name, busy in timed)
-            + (f"; this invocation {total:.0f} s." if isinstance(total, (int, float)) else ".")]
 
 
 def _control_line(c: dict) -> str:

@@ -24,6 +24,7 @@ import numpy as np
 from leakray.errors import BadInput
 from leakray.report import plots
 from leakray.report.advprompt_kinds import advprompt_kinds_line
+from leakray.report.stage_times import time_by_stage
 from leakray.schema import S
 
 log = logging.getLogger(__name__)
@@ -396,6 +397,8 @@ def render_audit(report: Mapping, samples: list[Mapping]) -> str:
         f'</option>{options}</select><span id="shown" class="note"></span></div>',
         _table(SAMPLE_COLUMNS, [_sample_body(s, i) for i, s in enumerate(samples)], tid="samples"),
         '<p class="note">Click a header to sort; click a row’s details to see the texts.</p>',
+        *(f'<p class="note">{escape(line)}</p>' for line in time_by_stage(report.get("stages") or {},
+                                                                          report.get("timings_s") or {}) if line),
     ]
     return page(title, "\n".join(body))
 
