@@ -96,6 +96,11 @@ def test_audit_refuses_bad_input(tmp_path):
     assert main(["audit", "--set", "audit.member_fraction=1.5"]) == 2
     assert main(["audit", "--set", "audit.detector=cgmai"]) == 2
     assert main(["audit", "--control", f"fresh={tmp_path / 'missing.jsonl'}", "--output", str(tmp_path)]) == 2
+    junk = tmp_path / "junk"  # a corpus of which nothing can be screened: refused before the fine-tunes
+    junk.mkdir()
+    (junk / "empty.py").write_text("")
+    assert main(["audit", "--corpus", str(junk), "--output", str(tmp_path)]) == 2
+    assert main(["audit", "--corpus", str(tmp_path / "missing" / "**"), "--output", str(tmp_path)]) == 2
     assert not (tmp_path / "runs").exists() and not list(tmp_path.glob("audit-*"))  # refused before any work
 
 

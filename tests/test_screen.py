@@ -401,6 +401,40 @@ def test_cli_refuses_bad_arguments(tmp_path, capsys):
                  str(tmp_path / "o"), "--engine", "local"]) == 2
     assert main(["screen", "--benchmark", f"h={HE}", "--corpus", str(CORPUS), "--output", str(tmp_path / "o"),
                  "--threshold", "1.5", "--engine", "local"]) == 2
+    capsys.readouterr()
+    # a benchmark file that is not there: one line, not a traceback
+    assert main(["screen", "--benchmark", f"h={tmp_path / 'missing.jsonl'}", "--corpus", str(CORPUS), "--output",
+                 str(tmp_path / "o"), "--engine", "local"]) == 2
+    assert "benchmark 'h': no such file" in capsys.readouterr().err
+    # a mistyped corpus directory under a recursive glob (Python's glob returns "missing/" for "missing/**")
+    assert main(["screen", "--benchmark", f"h={HE}", "--corpus", str(tmp_path / "missing" / "**"), "--output",
+                 str(tmp_path / "o"), "--engine", "local"]) == 2
+    assert "no corpus file matches" in capsys.readouterr().err
+    # a corpus of which nothing can be screened: refused, not "0% leaked"
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "a.bin").write_bytes(bytes(range(256)))
+    (junk / "empty.py").write_text("")
+    assert main(["screen", "--benchmark", f"h={HE}", "--corpus", str(junk), "--output", str(tmp_path / "o"),
+                 "--engine", "local"]) == 2
+    err = capsys.readouterr().err
+    assert "nothing in the corpus can be screened: 2 files, every one skipped (binary 1, empty 1;" in err
+    assert not (tmp_path / "o" / "summary.json").exists()
+
+
+def test_a_corpus_that_gave_no_text_says_its_ratios_mean_nothing(tmp_path, capsys):
+    from leakray.cli import main
+
+    corpus = tmp_path / "numbers"
+    corpus.mkdir()
+    (corpus / "n.jsonl").write_text("".join(json.dumps({"a": i}) + "\n" for i in range(5)))  # records, no text
+    assert main(["screen", "--benchmark", f"h={HE}", "--corpus", str(corpus), "--output", str(tmp_path / "o"),
+                 "--engine", "local"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "0 texts screened" in last and "WARNING: no corpus text was screened" in last
+    assert main(["screen", "--benchmark", f"h={HE}", "--corpus", str(CORPUS), "--output", str(tmp_path / "o2"),
+                 "--engine", "local"]) == 0
+    assert "WARNING" not in capsys.readouterr().out.strip().splitlines()[-1]
 
 
 def test_export_problem_is_recorded_not_fatal(tmp_path):

@@ -282,6 +282,11 @@ def run_audit(cfg: AuditConfig, console: Console | None = None, card_only: bool 
     t_start, cpu_start = time.perf_counter(), machine_cpu()
     tasks = load_tasks(cfg)
     isolation = preflight_isolation(cfg)
+    if cfg.audit.corpus:  # a corpus that cannot be screened is refused now, not after the fine-tunes
+        from leakray.screen.corpus import screenable_plan
+        from leakray.screen.index import ScreenConfig
+
+        screenable_plan(cfg.audit.corpus, ScreenConfig().max_file_bytes, ScreenConfig().max_parse_bytes)
     card = cfg.audit.card
     card_dir = (local_copy(card) if is_uri(card) else Path(card).expanduser().resolve()) if card else None
     card_id = DetectorCard(card_dir).id if card_dir else None

@@ -62,7 +62,8 @@ def plan_corpus(spec: str, max_file_bytes: int, max_parse_bytes: int | None = No
     if os.path.isdir(spec) or os.path.isfile(spec):
         roots = [spec]
     else:
-        roots = sorted(glob.glob(spec, recursive=True))
+        # lexists: glob("missing/**", recursive=True) returns ["missing/"], a path that is not there
+        roots = sorted(r for r in glob.glob(spec, recursive=True) if os.path.lexists(r))
         if not roots:
             raise BadInput("no corpus file matches", path=spec)
     for root in roots:
@@ -73,6 +74,18 @@ def plan_corpus(spec: str, max_file_bytes: int, max_parse_bytes: int | None = No
                     _add(plan, os.path.join(dirpath, name), max_file_bytes, max_parse_bytes or max_file_bytes)
         else:
             _add(plan, root, max_file_bytes, max_parse_bytes or max_file_bytes)
+    return plan
+
+
+def screenable_plan(spec: str, max_file_bytes: int, max_parse_bytes: int | None = None) -> CorpusPlan:
+    """`plan_corpus`, refusing a corpus of which every file is skipped before reading (binary,
+    empty, huge, unreadable): a leak ratio of 0% from it would say nothing about the benchmark."""
+    plan = plan_corpus(spec, max_file_bytes, max_parse_bytes)
+    if not plan.files and not plan.shards:
+        why = ", ".join(f"{k} {v}" for k, v in sorted(plan.skipped.items(), key=lambda kv: -kv[1]))
+        examples = "; ".join(f"{k}: {', '.join(v)}" for k, v in plan.examples.items())
+        raise BadInput(f"nothing in the corpus can be screened: {plan.n_files} files, every one skipped ({why}; "
+                       f"e.g. {examples})", path=spec)
     return plan
 
 

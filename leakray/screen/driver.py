@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from leakray.errors import BadInput
 from leakray.screen import corpus as C
@@ -63,7 +64,10 @@ def prepare(benchmarks: list[tuple[str, str]], corpus: str, config: ScreenConfig
     names = [n for n, _ in benchmarks]
     if len(set(names)) != len(names):
         raise BadInput(f"benchmark names must be distinct, got {names}")
-    plan = C.plan_corpus(corpus, config.max_file_bytes, config.max_parse_bytes)
+    for name, path in benchmarks:  # before the run key, which digests each file
+        if not Path(path).is_file():
+            raise BadInput(f"benchmark {name!r}: no such file", path=path)
+    plan = C.screenable_plan(corpus, config.max_file_bytes, config.max_parse_bytes)
     key = O.run_key(config.digest(), benchmarks, plan.fingerprint())
     tasks = {name: load_benchmark_file(name, path) for name, path in benchmarks}
     return Prepared(list(benchmarks), corpus, config, plan, key, tasks, Entries.from_tasks(tasks, config.parts))
@@ -142,4 +146,7 @@ def closing_line(summary: dict, where: str) -> str:
     """The console's last line: what was read, what was not, what leaked, where the outputs are."""
     leaks = "; ".join(f"{n} {b['n_leaked']}/{b['n_samples']} leaked ({b['ratio']:.1%})"
                       for n, b in summary["benchmarks"].items())
-    return f"leakray screen: {files_line(summary['corpus'])}; {leaks}; outputs in {where}"
+    # files that looked screenable but gave no text when read (unreadable, or records without text)
+    none = ("; WARNING: no corpus text was screened, so these ratios say nothing about leakage"
+            if not (summary["corpus"].get("texts") or {}).get("screened") else "")
+    return f"leakray screen: {files_line(summary['corpus'])}; {leaks}{none}; outputs in {where}"
