@@ -150,3 +150,18 @@ def test_audit_report_says_what_each_stage_cost():
         "", "Time by stage (wall, in the invocation that ran it; the machine's CPUs busy over it): collect_target "
             "32.4 s (100%), card 11.5 s (74%), screen 1.4 s; this invocation 60 s."]  # a resumed 0.04-s stage: left out
     assert time_by_stage({"split": {"seconds": 0.0}}, {}) == []  # nothing took time: no line
+
+
+def test_a_run_shared_by_several_detectors_is_not_each_ones_cost():
+    base = {"benchmark": {"name": "humaneval"}, "protocol": "p", "timings_s": {}, "models": {}, "collections": {},
+            "seeds": {}, "leak": {r: leak_summary(_table([_row(1, [True, False], [0.1, 0.3]),
+                                                          _row(0, [False, False], [0.8, 0.9])])) for r in ("target", "shadow")}}
+    tune = ["lr", "mlp"]
+    detectors = {"mlp": {"auc": 0.9, "cost": {"wall_s": 84.128, "shared_run": tune, "trial_s": 4.726}},
+                 "cgmia": {"auc": 0.89, "cost": {"wall_s": 25.225, "shared_run": ["cgmia", "cgmia_ensemble"]}},
+                 "advprompt": {"auc": 0.84, "cost": {"wall_s": 17.319}}}
+    md = render_markdown({**base, "detectors": detectors})
+    assert "| 84.128 shared by 2, own trials 4.726 |" in md and "| 25.225 shared by 2 |" in md
+    assert "| 17.319 |" in md and '"shared by n": one run fitted n detectors' in md
+    only = render_markdown({**base, "detectors": {"advprompt": detectors["advprompt"]}})
+    assert "shared by" not in only  # no shared run: no note

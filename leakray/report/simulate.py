@@ -232,6 +232,16 @@ DETECTOR_COLUMNS = (("precision", "precision"), ("recall", "recall"), ("mcc", "M
 COST_COLUMNS = ("access", "wall s", "peak RSS MB")
 
 
+def _wall_cell(cost: dict) -> str:
+    """A detector's wall seconds; a run shared by several detectors is said so, with the detector's
+    own trials' seconds where a Tune search recorded them (its wall time is mostly waiting)."""
+    wall, shared = _fmt(cost.get("wall_s")), cost.get("shared_run") or ()
+    if len(shared) < 2:
+        return wall
+    own = cost.get("trial_s")
+    return f"{wall} shared by {len(shared)}" + (f", own trials {_fmt(own)}" if own is not None else "")
+
+
 def _by_auc(item) -> tuple:
     """Highest AUC first; a NaN or missing AUC last; ties by name."""
     auc = item[1].get("auc")
@@ -275,10 +285,15 @@ def render_markdown(r: dict) -> str:
         peak = _fmt(cost.get("peak_rss_mb"))
         if cost.get("peak_rss_how") == "sampled" and cost.get("peak_rss_mb") is not None:
             peak = "≥ " + peak  # a sampler can miss a shorter peak: what it saw is a lower bound
-        cells += [_fmt(m.get("access")), _fmt(cost.get("wall_s")), peak]
+        cells += [_fmt(m.get("access")), _wall_cell(cost), peak]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "Sorted by AUC. Wall time covers fit, threshold and scoring over all seeds; "
               + ((r.get("detectors_full") or {}).get("cost_note") or "")]
+    if any(len((m.get("cost") or {}).get("shared_run") or ()) > 1 for m in r["detectors"].values()):
+        lines += ["", "\"shared by n\": one run fitted n detectors (the classic models' Tune search, CGMIA with "
+                  "its ensemble); the run's wall time is shown for each of them and includes waiting for a CPU beside "
+                  "the other detectors' tasks; \"own trials\": the seconds that detector's own Tune trials spent "
+                  "fitting."]
     lines += [f"- **{name}** skipped: {why}" for name, why in (r.get("skipped") or {}).items()]
     lines += advprompt_kinds_line(r.get("config"), r.get("detectors", {}))
     refs = r.get("reference_models")
