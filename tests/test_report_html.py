@@ -286,3 +286,12 @@ def test_audit_page_says_what_each_stage_cost():
     assert ("<p class=\"note\">Time by stage (wall, in the invocation that ran it; the machine&#x27;s CPUs busy over "
             "it): collect_target 25.6 s (99%), card 6.9 s; this invocation 35 s.</p>") in page
     assert "Time by stage" not in rh.render_audit({}, [])  # a report without markers: no line
+
+
+def test_simulate_page_says_a_shared_runs_time_is_not_each_detectors_cost():
+    shared = {"wall_s": 84.128, "shared_run": ["lr", "mlp"], "trial_s": 4.726}
+    assert rh._wall_cell(shared) == ('<td class="num" data-v="84.128">84.1<span class="note"> (shared by 2; own '
+                                     'trials 4.7)</span></td>')  # sorted by the run's wall time
+    assert "shared" not in rh._wall_cell({"wall_s": 17.3}) and 'data-v="17.3"' in rh._wall_cell({"wall_s": 17.3})
+    assert rh._wall_cell({"wall_s": 25.2, "shared_run": ["cgmia", "cgmia_ensemble"]}).endswith(
+        '25.2<span class="note"> (shared by 2)</span></td>')
