@@ -142,7 +142,7 @@ def test_a_run_of_fewer_advprompt_kinds_says_so():
 
 
 def test_audit_report_says_what_each_stage_cost():
-    from leakray.report.stage_times import time_by_stage
+    from leakray.report.costs import time_by_stage
 
     stages = {"split": {"seconds": 0.0}, "perturb": {"seconds": 0.04}, "collect_target": {"seconds": 32.4, "machine_cpu": {"busy_share": 0.995}},
               "card": {"seconds": 11.5, "machine_cpu": {"busy_share": 0.739}}, "screen": {"seconds": 1.4}}

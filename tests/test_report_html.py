@@ -290,7 +290,7 @@ def test_audit_page_says_what_each_stage_cost():
 
 def test_simulate_page_says_a_shared_runs_time_is_not_each_detectors_cost():
     shared = {"wall_s": 84.128, "shared_run": ["lr", "mlp"], "trial_s": 4.726}
-    assert rh._wall_cell(shared) == ('<td class="num" data-v="84.128">84.1<span class="note"> (shared by 2; own '
+    assert rh._wall_cell(shared) == ('<td class="num" data-v="84.128">84.1<span class="note"> (shared by 2, own '
                                      'trials 4.7)</span></td>')  # sorted by the run's wall time
     assert "shared" not in rh._wall_cell({"wall_s": 17.3}) and 'data-v="17.3"' in rh._wall_cell({"wall_s": 17.3})
     assert rh._wall_cell({"wall_s": 25.2, "shared_run": ["cgmia", "cgmia_ensemble"]}).endswith(

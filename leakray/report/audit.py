@@ -20,7 +20,7 @@ from leakray.data.registry import benchmark_path
 from leakray.evaluate.inflation import inflation, pass_at_1
 from leakray.models.host import fingerprint_line, host_fingerprint
 from leakray.report.advprompt_kinds import advprompt_kinds_line
-from leakray.report.stage_times import time_by_stage
+from leakray.report.costs import time_by_stage
 from leakray.runs import MARKER, write_json_atomic
 from leakray.schema import C, P, S, T
 

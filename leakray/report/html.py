@@ -24,7 +24,7 @@ import numpy as np
 from leakray.errors import BadInput
 from leakray.report import plots
 from leakray.report.advprompt_kinds import advprompt_kinds_line
-from leakray.report.stage_times import time_by_stage
+from leakray.report.costs import shared_run_note, time_by_stage
 from leakray.schema import S
 
 log = logging.getLogger(__name__)
@@ -487,13 +487,12 @@ def _wall_cell(cost: Mapping) -> str:
     """A detector's wall seconds, sorted by that number; a run shared by several detectors (the
     classic models' Tune search, CGMIA with its ensemble) says so, with the detector's own trials'
     seconds where recorded: the shared run's wall time is mostly waiting for a CPU."""
-    wall, shared = cost.get("wall_s"), cost.get("shared_run") or ()
-    if len(shared) < 2:
+    wall, note = cost.get("wall_s"), shared_run_note(cost, lambda v: fmt(v, 1))
+    if not note:
         return _cell(wall, 1)
-    own, n = _num(cost.get("trial_s")), _num(wall)
-    note = f" (shared by {len(shared)}" + (f"; own trials {fmt(own, 1)}" if own is not None else "") + ")"
+    n = _num(wall)
     return (f'<td class="num" data-v="{"" if n is None else repr(n)}">{fmt(wall, 1)}'
-            f'<span class="note">{escape(note)}</span></td>')
+            f'<span class="note"> ({escape(note)})</span></td>')
 
 
 def render_simulate(report: Mapping, scores) -> str:

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from leakray.models.host import fingerprint_line, host_fingerprint
 from leakray.report.advprompt_kinds import advprompt_kinds_line
+from leakray.report.costs import shared_run_note
 from leakray.runs import MARKER, write_json_atomic
 from leakray.schema import C
 
@@ -233,13 +234,9 @@ COST_COLUMNS = ("access", "wall s", "peak RSS MB")
 
 
 def _wall_cell(cost: dict) -> str:
-    """A detector's wall seconds; a run shared by several detectors is said so, with the detector's
-    own trials' seconds where a Tune search recorded them (its wall time is mostly waiting)."""
-    wall, shared = _fmt(cost.get("wall_s")), cost.get("shared_run") or ()
-    if len(shared) < 2:
-        return wall
-    own = cost.get("trial_s")
-    return f"{wall} shared by {len(shared)}" + (f", own trials {_fmt(own)}" if own is not None else "")
+    """A detector's wall seconds; a run shared by several detectors is said so (`costs.shared_run_note`)."""
+    note = shared_run_note(cost, _fmt)
+    return _fmt(cost.get("wall_s")) + (f" {note}" if note else "")
 
 
 def _by_auc(item) -> tuple:
@@ -289,7 +286,7 @@ def render_markdown(r: dict) -> str:
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "Sorted by AUC. Wall time covers fit, threshold and scoring over all seeds; "
               + ((r.get("detectors_full") or {}).get("cost_note") or "")]
-    if any(len((m.get("cost") or {}).get("shared_run") or ()) > 1 for m in r["detectors"].values()):
+    if any(shared_run_note(m.get("cost") or {}, _fmt) for m in r["detectors"].values()):
         lines += ["", "\"shared by n\": one run fitted n detectors (the classic models' Tune search, CGMIA with "
                   "its ensemble); the run's wall time is shown for each of them and includes waiting for a CPU beside "
                   "the other detectors' tasks; \"own trials\": the seconds that detector's own Tune trials spent "

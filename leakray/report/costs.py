@@ -1,5 +1,6 @@
-"""One line for an audit's reports (markdown and HTML): what each stage cost in wall time and how
-busy the machine's CPUs were over it, from the stage markers (`runs.Stage.finish`)."""
+"""What a run cost, in words both report formats (markdown and HTML) share: an audit's time by
+stage, with how busy the machine's CPUs were over each (from the stage markers,
+`runs.Stage.finish`), and a detector's part of a run it shared with others."""
 
 from __future__ import annotations
 
@@ -17,3 +18,14 @@ def time_by_stage(stages: dict, timings: dict) -> list[str]:
             + ", ".join(f"{name} {sec:.1f} s" + (f" ({busy:.0%})" if busy is not None else "")
                         for sec, name, busy in timed)
             + (f"; this invocation {total:.0f} s." if isinstance(total, (int, float)) else ".")]
+
+
+def shared_run_note(cost: dict, num) -> str:
+    """"shared by n, own trials x" for a detector fitted in one run with others (the classic models'
+    Tune search, CGMIA with its ensemble), whose wall time is the whole run's and mostly waiting for
+    a CPU; "" for a detector that ran alone. ``num`` formats the trials' seconds."""
+    shared = cost.get("shared_run") or ()
+    if len(shared) < 2:
+        return ""
+    own = cost.get("trial_s")
+    return f"shared by {len(shared)}" + (f", own trials {num(own)}" if own is not None else "")
