@@ -30,8 +30,14 @@ NO_COMPILE=()
 python -c "import torch" 2>/dev/null || python -m pip install -q ${NO_COMPILE[@]+"${NO_COMPILE[@]}"} "torch==2.13.0"
 python -m pip install -q ${NO_COMPILE[@]+"${NO_COMPILE[@]}"} -e ".[dev]"
 if [ "$FRESH" = 1 ]; then
-  python -m compileall -qq -j 0 "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
-    >/dev/null 2>&1 || true  # a file that does not compile (a template, a test fixture) stays as pip leaves it
+  # purelib and platlib (lib/ and lib64/ on some distributions: packages with extensions go to the
+  # latter); a file that does not compile (a template, a test fixture) stays as pip leaves it
+  python - >/dev/null 2>&1 <<'PY' || true
+import compileall, sysconfig
+paths = sysconfig.get_paths()
+for d in dict.fromkeys((paths["purelib"], paths["platlib"])):
+    compileall.compile_dir(d, quiet=2, workers=0)
+PY
 fi
 # The junit5 runner (NaturalCodeBench's Java tests: Jupiter, and JUnit 4 on the vintage engine) needs one
 # consistent set of JUnit jars; Debian's junit5 package is one (it pulls junit4, hamcrest, opentest4j),
