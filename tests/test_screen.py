@@ -432,9 +432,12 @@ def test_a_corpus_that_gave_no_text_says_its_ratios_mean_nothing(tmp_path, capsy
                  "--engine", "local"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert "0 texts screened" in last and "WARNING: no corpus text was screened" in last
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["warnings"] == ["no corpus text was screened, so these ratios say nothing about leakage"]
     assert main(["screen", "--benchmark", f"h={HE}", "--corpus", str(CORPUS), "--output", str(tmp_path / "o2"),
                  "--engine", "local"]) == 0
     assert "WARNING" not in capsys.readouterr().out.strip().splitlines()[-1]
+    assert json.loads((tmp_path / "o2" / "summary.json").read_text())["warnings"] == []
 
 
 def test_export_problem_is_recorded_not_fatal(tmp_path):

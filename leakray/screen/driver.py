@@ -146,7 +146,5 @@ def closing_line(summary: dict, where: str) -> str:
     """The console's last line: what was read, what was not, what leaked, where the outputs are."""
     leaks = "; ".join(f"{n} {b['n_leaked']}/{b['n_samples']} leaked ({b['ratio']:.1%})"
                       for n, b in summary["benchmarks"].items())
-    # files that looked screenable but gave no text when read (unreadable, or records without text)
-    none = ("; WARNING: no corpus text was screened, so these ratios say nothing about leakage"
-            if not (summary["corpus"].get("texts") or {}).get("screened") else "")
-    return f"leakray screen: {files_line(summary['corpus'])}; {leaks}{none}; outputs in {where}"
+    warned = "".join(f"; WARNING: {w}" for w in summary.get("warnings") or ())
+    return f"leakray screen: {files_line(summary['corpus'])}; {leaks}{warned}; outputs in {where}"

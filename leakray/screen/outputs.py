@@ -122,11 +122,21 @@ def write_outputs(out_dir: str | Path, *, key: str, entries: Entries, pairs: lis
             **_clean(path, out / CLEAN / name, {entries.source_row[r["_entry"]] for r in mine}, out),
         }
     summary = {"benchmarks": per_bench, "corpus": corpus_stats, "config": config_record,
-               "run_key": key, "seconds": round(seconds, 3),
+               "run_key": key, "seconds": round(seconds, 3), "warnings": warnings(corpus_stats),
                "outputs": {"pairs": PAIRS, "sheet": SHEET, "clean": CLEAN, "labels": list(LABELS)}}
     _atomic_write(out / SUMMARY, lambda p: p.write_text(json.dumps(summary, indent=2, sort_keys=True)))
     marker.write_text(json.dumps({"run_key": key, "config_digest": config_record.get("digest")}))
     return summary
+
+
+NO_TEXT = "no corpus text was screened, so these ratios say nothing about leakage"
+
+
+def warnings(corpus_stats: dict) -> list[str]:
+    """What makes a finished screen's numbers mean less than they say (summary.json's `warnings`,
+    the console's last line): files that were read but gave no text (unreadable at read time,
+    records without text)."""
+    return [] if (corpus_stats.get("texts") or {}).get("screened") else [NO_TEXT]
 
 
 def _part_order(part: str) -> int:
