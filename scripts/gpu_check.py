@@ -164,11 +164,11 @@ def merge_all(base: Path, adapters: dict, root: Path):
 class Teacher:
     """Per-token log-probs of given tokens after a prompt, by one HF forward pass in float32."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, device: str | None = None):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.tok = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(self.device).eval()
 

@@ -12,17 +12,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
+CUDA_SCRIPT = ROOT / "scripts" / "cuda_check.py"
 CPU_CHECKS = ["build_base", "build_adapters", "merge_matches_peft", "adapters_differ", "hf_teacher_forcing",
               "hf_reference_scores"]
 VLLM_CHECKS = ["vllm_engine", "vllm_sample", "vllm_vs_hf_ppl", "vllm_adapter_applied", "vllm_prompt_logprobs",
                "vllm_seed_repro"]
 
 
-def _run(*args, timeout=300, cpu=True):
+def _run(*args, timeout=300, cpu=True, script=SCRIPT):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     if cpu:  # the CPU path, also on a GPU host
         env["CUDA_VISIBLE_DEVICES"] = ""
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--threads", "1", *args], capture_output=True, text=True,
+    threads = ["--threads", "1"] if script == SCRIPT else []
+    proc = subprocess.run([sys.executable, str(script), *threads, *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=ROOT)
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     checks = {}
@@ -121,3 +123,27 @@ def test_vllm_checks_tell_the_right_adapter(cpu_run, capsys):
     gc._check_one(wrong, HFSampler(str(merged["B"]), cfg), "A", keys, teachers, hf_refs, tol_max, tol_mean)
     out = capsys.readouterr().out
     assert "FAIL vllm_vs_hf_ppl[A]" in out and "FAIL vllm_prompt_logprobs[A]" in out, out
+
+
+MODEL_CHECKS = ["reference_scores", "sample_vs_teacher", "task_seed", "ragged_attention", "ragged_attention",
+                "bfloat16", "next_token_draws"]
+
+
+def test_cuda_check_checks_itself_on_the_cpu(cpu_run, tmp_path):
+    """scripts/cuda_check.py with ``--device cpu``: every comparison runs CPU against CPU, so a
+    GPU run cannot fail on the script's own mistakes (bf16 is compared on the device only)."""
+    _, _, work = cpu_run
+    proc, checks = _run("--device", "cpu", "--base", str(work / "base"), "--workdir", str(tmp_path),
+                        script=CUDA_SCRIPT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    names = [n.split("[")[0] for n in checks]
+    assert names == ["build_gpt2", "build_encoder", *MODEL_CHECKS * 2, "finetune", "finetune", "pretrain_mix",
+                     "embed", "cgmia_fit", "advprompt_fit"], names
+    skipped = {n for n, (status, _) in checks.items() if status != "PASS"}
+    assert skipped == {"ragged_attention[llama,bfloat16]", "ragged_attention[gpt2,bfloat16]"}, checks
+    assert checks["finetune[lora]"][1].startswith("trained on cpu")
+
+
+def test_cuda_check_without_a_gpu_says_so():
+    proc, checks = _run("--device", "cuda", script=CUDA_SCRIPT)  # CUDA hidden
+    assert proc.returncode == 0 and checks == {"all": ("SKIP", "no CUDA device")}, proc.stdout + proc.stderr

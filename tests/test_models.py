@@ -38,7 +38,7 @@ def test_sampler_perplexity_is_of_the_unwarped_model(tiny_lm):
         for ppl, c_ids in zip(samples.perplexity, samples.token_ids):
             assert math.isfinite(ppl) and ppl > 0
             p_ids = tok(generation_prompt(prompt))["input_ids"]
-            ids = torch.tensor([p_ids + c_ids])
+            ids = torch.tensor([p_ids + c_ids], device=sampler.device)  # where the sampler put the model
             with torch.inference_mode():
                 logp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)
             lp = logp[len(p_ids) - 1:].gather(-1, ids[0, len(p_ids):, None]).squeeze(-1)
@@ -108,8 +108,39 @@ def test_lora_trains_a_fraction_and_saves_a_merged_model(tiny_lm, tmp_path):
     stats = finetune(path, [PROMPT + "    return a + b\n"], FinetuneConfig(method="lora", epochs=2, lr=1e-3),
                      tmp_path / "lora", progress=False)
     assert 0 < stats["trainable_parameters"] < stats["parameters"] / 2
+    assert stats["device"] == "cpu"
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "lora")
     assert not any("lora" in name for name, _ in merged.named_parameters())
+
+
+def test_a_single_worker_trains_on_the_device_it_was_given(monkeypatch, tiny_lm, tmp_path):
+    """One Train worker is not wrapped by ``prepare_model`` (no DDP), so nothing moved its model:
+    a GPU fine-tune trained on the CPU beside its reserved GPU. The hooks now name the device
+    (Ray Train's for the worker; a Ray task's GPU when it holds one) and the loops move there."""
+    import ray.train
+    import ray.train.torch
+
+    from leakray.executor.train import TASK, USE_GPU, worker_hooks
+
+    class OneWorker:
+        def get_world_size(self):
+            return 1
+
+        def get_world_rank(self):
+            return 0
+
+    monkeypatch.setattr(ray.train, "get_context", lambda: OneWorker())
+    monkeypatch.setattr(ray.train.torch, "get_device", lambda: torch.device("cuda", 0))
+    hooks = worker_hooks({})
+    assert hooks["device"] == "cuda:0" and hooks["wrap_model"] is None
+    assert worker_hooks({TASK: True, USE_GPU: True})["device"] == "cuda"
+    assert worker_hooks({TASK: True, USE_GPU: False})["device"] == "cpu"
+    path, _ = tiny_lm
+    moved = []
+    real_to = torch.nn.Module.to
+    monkeypatch.setattr(torch.nn.Module, "to", lambda self, *a, **k: (moved.append(a), real_to(self, *a, **k))[1])
+    stats = finetune(path, [PROMPT], FinetuneConfig(method="full", epochs=1), None, progress=False, device="cpu")
+    assert ("cpu",) in moved and stats["device"] == "cpu"
 
 
 def test_bad_method_refused():

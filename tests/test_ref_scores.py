@@ -46,8 +46,8 @@ def _teacher_forced(sampler, prompt, ref):
     """log p over the vocabulary at each scored position, from a plain full forward pass."""
     ids, n_ctx = reference_tokens(sampler.tok, prompt, ref, sampler.max_positions, Counter())
     with torch.inference_mode():
-        logits = sampler.model(torch.tensor([ids])).logits[0].double()
-    logp = torch.log_softmax(logits, -1)[n_ctx - 1:-1].numpy()  # position t-1 predicts token t
+        logits = sampler.model(torch.tensor([ids], device=sampler.device)).logits[0].double()
+    logp = torch.log_softmax(logits, -1)[n_ctx - 1:-1].cpu().numpy()  # position t-1 predicts token t
     return logp, np.array(ids[n_ctx:])
 
 
@@ -74,16 +74,17 @@ def test_reference_scores_equal_a_direct_computation(hf):
         # the prompt's own tokens, from the same pass: every context token but the first
         ids, n_ctx = reference_tokens(hf.tok, prompt, ref, hf.max_positions, Counter())
         with torch.inference_mode():
-            full = torch.log_softmax(hf.model(torch.tensor([ids])).logits[0].double(), -1).numpy()
+            logits = hf.model(torch.tensor([ids], device=hf.device)).logits[0].double()
+            full = torch.log_softmax(logits, -1).cpu().numpy()
         want_ctx = sum(full[j - 1, ids[j]] for j in range(1, n_ctx))
         assert n_ctx >= 3 and s.context_logprob == pytest.approx(want_ctx, abs=1e-3) and s.context_logprob < 0
     assert any(r > 0 for s in scores for r in s.rank)
     # reference_loss keeps its meaning: the model's own loss on the continuation tokens
     ids, n_ctx = reference_tokens(hf.tok, PROMPTS[0], REFS[0], hf.max_positions, Counter())
-    labels = torch.tensor([ids])
+    labels = torch.tensor([ids], device=hf.device)
     labels[:, :n_ctx] = -100
     with torch.inference_mode():
-        model_loss = float(hf.model(input_ids=torch.tensor([ids]), labels=labels).loss)
+        model_loss = float(hf.model(input_ids=torch.tensor([ids], device=hf.device), labels=labels).loss)
     assert hf.reference_loss(PROMPTS, REFS) == [s.loss for s in scores]
     assert scores[0].loss == pytest.approx(model_loss, abs=1e-5)
 
@@ -108,7 +109,7 @@ def _is_greedy(sampler, prompt, token_ids):
     """Every kept token is the model's argmax given the prompt and the tokens before it."""
     p_ids = sampler.tok(generation_prompt(prompt))["input_ids"]
     with torch.inference_mode():
-        logits = sampler.model(torch.tensor([p_ids + token_ids])).logits[0]
+        logits = sampler.model(torch.tensor([p_ids + token_ids], device=sampler.device)).logits[0]
     return logits[len(p_ids) - 1:-1].argmax(-1).tolist() == token_ids
 
 

@@ -235,7 +235,7 @@ def test_ray_train_results_and_a_worker_written_model_reach_s3(s3_uri, ray_with_
     monkeypatch.setattr(train, "_driver_node", lambda: "the-driver's-node")
     out = fit_on_ray(_loop, {"x": 2, "out_dir": str(model)}, name="tiny", storage=store.local / "ray_train",
                      num_workers=1, use_gpu=False, cpus=1, out_dir=model, ray_train=ray_train)
-    assert out == {"y": 4}
+    assert out == {"y": 4, "device": "cpu"}  # where a worker trains (no GPU reserved: the CPU)
     files = s3_files(join(s3_uri, name))
     # Train's own storage on the URI; a task has none
     assert any(p.startswith("ray_train/tiny/") for p in files) == ray_train
@@ -243,9 +243,11 @@ def test_ray_train_results_and_a_worker_written_model_reach_s3(s3_uri, ray_with_
 
 
 def _loop(config):
+    from leakray.executor.train import worker_hooks
+
     Path(config["out_dir"]).mkdir(parents=True, exist_ok=True)
     Path(config["out_dir"], "weights.txt").write_text(f"w{config['x'] * 2}")
-    return {"y": config["x"] * 2}
+    return {"y": config["x"] * 2, "device": worker_hooks(config)["device"]}
 
 
 def test_screen_writes_its_outputs_to_s3(s3_uri, tmp_path):

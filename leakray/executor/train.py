@@ -16,6 +16,7 @@ from leakray.models.finetune import FinetuneConfig
 
 
 TASK = "_in_task"  # set in a loop's config when it runs as a plain Ray task
+USE_GPU = "_use_gpu"  # and whether that task holds a GPU (it trains there)
 
 
 def use_ray_train(setting: bool | str, num_workers: int, use_gpu: bool) -> bool:
@@ -25,9 +26,14 @@ def use_ray_train(setting: bool | str, num_workers: int, use_gpu: bool) -> bool:
 
 def worker_hooks(config: dict | None = None) -> dict:
     """Inside a Train worker: rank 0 shows progress and writes; DDP wrapping only with several
-    workers. In a plain Ray task (``config[TASK]``): the one process shows progress and writes."""
+    workers. In a plain Ray task (``config[TASK]``): the one process shows progress and writes.
+
+    ``device`` is where the loop trains. It is named, not left to ``prepare_model``: a single
+    worker is not wrapped (DDP buys nothing there), and the model stayed on the CPU it was
+    loaded on, a GPU reserved and idle beside it."""
     if config and config.get(TASK):
-        return {"progress": True, "is_writer": True, "wrap_model": None, "wrap_loader": None}
+        return {"progress": True, "is_writer": True, "wrap_model": None, "wrap_loader": None,
+                "device": "cuda" if config.get(USE_GPU) else "cpu"}  # Ray shows a task only its own GPU
     import ray.train
     import ray.train.torch
 
@@ -35,7 +41,8 @@ def worker_hooks(config: dict | None = None) -> dict:
     distributed = ctx.get_world_size() > 1
     return {"progress": ctx.get_world_rank() == 0, "is_writer": ctx.get_world_rank() == 0,
             "wrap_model": ray.train.torch.prepare_model if distributed else None,
-            "wrap_loader": ray.train.torch.prepare_data_loader if distributed else None}
+            "wrap_loader": ray.train.torch.prepare_data_loader if distributed else None,
+            "device": str(ray.train.torch.get_device())}
 
 
 def fit_on_ray(loop, config: dict, *, name: str, storage: str | Path, num_workers: int, use_gpu: bool,
@@ -73,7 +80,8 @@ def fit_on_ray(loop, config: dict, *, name: str, storage: str | Path, num_worker
         import ray
 
         task = ray.remote(num_cpus=cpus, num_gpus=1 if use_gpu else 0, max_retries=0)(_run_then_publish)
-        out = ray.get(task.options(name=name).remote(loop, {**config, TASK: True, "_publish": publish}))
+        out = ray.get(task.options(name=name).remote(loop, {**config, TASK: True, USE_GPU: use_gpu,
+                                                               "_publish": publish}))
     if publish and isinstance(out, dict) and out.pop("_published", False):
         fetch_dir(publish["remote"], publish["fs"], publish["local"])
     return out

@@ -26,9 +26,10 @@ def continue_pretrain(base_path: str | Path, sequences: np.ndarray, cfg: MixConf
                       *, progress: bool = True, wrap_model: Callable | None = None,
                       wrap_loader: Callable | None = None, report: Callable[[dict], None] | None = None,
                       is_writer: bool = True, member_token_share: float | None = None,
-                      desc: str = "pretrain-mix") -> dict:
-    """Train `base_path` on `sequences` ([n, seq_len] token ids, in order, each seen once) and save a
-    plain HF model + tokenizer to `out_dir`; returns stats."""
+                      desc: str = "pretrain-mix", device: str | None = None) -> dict:
+    """Train `base_path` on `sequences` ([n, seq_len] token ids, in order, each seen once) on
+    `device` (None: the CPU it loads on) and save a plain HF model + tokenizer to `out_dir`;
+    returns stats."""
     import torch
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -49,6 +50,8 @@ def continue_pretrain(base_path: str | Path, sequences: np.ndarray, cfg: MixConf
     if int(seqs.max()) >= model.get_input_embeddings().num_embeddings:
         raise BadInput("token ids exceed the model's vocabulary: mixture built with another tokenizer",
                        path=str(base_path), field="sequences")
+    if device is not None:
+        model.to(device)
     model.train()
 
     data = torch.from_numpy(seqs.astype(np.int64))
@@ -95,7 +98,7 @@ def continue_pretrain(base_path: str | Path, sequences: np.ndarray, cfg: MixConf
         "final_loss": round(float(np.mean(tail)), 4) if tail else math.nan,
         "loss_curve": [round(float(np.mean(losses[i: i + every])), 4) for i in range(0, len(losses), every)],
         "parameters": sum(p.numel() for p in model.parameters()),
-        "seconds": round(time.perf_counter() - t0, 1),
+        "seconds": round(time.perf_counter() - t0, 1), "device": str(device),
     }
     inner = getattr(model, "module", model)  # unwrap DDP
     if is_writer:

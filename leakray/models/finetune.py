@@ -88,9 +88,10 @@ def _collate(rows: list[list[int]], pad_id: int):
 def finetune(base: str | Path, texts: list[str], cfg: FinetuneConfig, out_dir: str | Path | None,
              *, progress: bool = True, wrap_model: Callable | None = None,
              wrap_loader: Callable | None = None, report: Callable[[dict], None] | None = None,
-             is_writer: bool = True, desc: str = "finetune") -> dict:
+             is_writer: bool = True, desc: str = "finetune", device: str | None = None) -> dict:
     """Fine-tune `base` on `texts` and save a plain (merged) HF model to `out_dir`; a LoRA
-    fine-tune also saves its peft adapter to `out_dir/adapter` (stats["adapter"])."""
+    fine-tune also saves its peft adapter to `out_dir/adapter` (stats["adapter"]). It trains
+    on `device` (None: where the model loads, the CPU) and saves from there."""
     import torch
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -114,6 +115,8 @@ def finetune(base: str | Path, texts: list[str], cfg: FinetuneConfig, out_dir: s
             fan_in_fan_out=model.config.model_type == "gpt2",  # GPT-2 stores Conv1D weights transposed
         ))
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if device is not None:
+        model.to(device)
     model.train()
 
     rows = _encode(tok, texts, cfg.max_length)
@@ -158,7 +161,7 @@ def finetune(base: str | Path, texts: list[str], cfg: FinetuneConfig, out_dir: s
     stats = {
         "config": asdict(cfg), "n_texts": len(texts), "steps": total, "loss_per_epoch": history,
         "final_loss": history[-1] if history else math.nan, "parameters": n_params,
-        "trainable_parameters": trainable, "seconds": round(time.perf_counter() - t0, 1),
+        "trainable_parameters": trainable, "seconds": round(time.perf_counter() - t0, 1), "device": str(device),
         "host": host_fingerprint(),  # this process's CPU kernels: the weights' last bits depend on them
     }
     if cfg.method == "lora":
