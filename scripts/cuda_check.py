@@ -11,11 +11,13 @@ tokenizer, then, each on `--device` against the CPU or a CPU-free reference on t
 
     reference_scores[M]   per-token reference log-probs, Min-K%++'s mu/sigma and ranks, float32,
                           device vs CPU
-    sample_vs_teacher[M]  k sampled completions' perplexities (decode.py's KV-cached batched loop,
-                          ragged attention) vs one teacher-forced forward pass on the same tokens
+    sample_vs_teacher[M]  k sampled completions' perplexities (decode.py's KV-cached batched loop;
+                          SDPA on a GPU, ragged attention on the CPU) vs one teacher-forced forward
+                          pass on the same tokens
     task_seed[M]          a task's sampled and greedy tokens are the same alone and in a batch
-    ragged_attention[M,D] leakray_sdpa (each run of rows reads its own columns) vs plain SDPA:
-                          the same greedy tokens, their log-probs within D's tolerance
+    ragged_attention[M,D] leakray_sdpa (each run of rows reads its own columns; the CPU's default,
+                          forced on here) vs plain SDPA: the same greedy tokens, their log-probs
+                          within D's tolerance
     bfloat16[M]           bf16 reference scores and sampled perplexities vs float32 on the device
     next_token_draws[M]   the next-token probe's draws, device vs CPU (the same generator)
     finetune[full|lora]   the GPT-2 fine-tuned on the device: it trained there, the same losses as
@@ -94,8 +96,12 @@ def sampler(path: Path, device: str, dtype: str = "float32", ragged: bool = True
     from leakray.models.hf_sampler import HFSampler
     from leakray.models.sampler import SampleConfig
 
+    from leakray.models.ragged_attention import use_ragged_attention
+
     s = HFSampler(str(path), SampleConfig(k=K, max_new_tokens=40, seed=0, dtype=dtype, device=device, threads=4))
-    if not ragged:
+    if ragged:  # the CPU's default, checked on the device too (a sampler there runs SDPA)
+        use_ragged_attention(s.model, any_device=True)
+    else:
         s.model.set_attn_implementation("sdpa")
     return s
 

@@ -166,6 +166,10 @@ def test_ragged_attention_is_sdpa_over_each_rows_own_columns(lm):
     ragged = copy.deepcopy(model)
     ragged.set_attn_implementation("sdpa")
     assert use_ragged_attention(ragged) and ragged.config._attn_implementation == "leakray_sdpa"
+    # elsewhere than the CPU it is slower than SDPA (an H200: 1.8-2x), so a sampler there keeps SDPA
+    elsewhere = copy.deepcopy(plain).to("meta")  # a GPU's stand-in: any device but the CPU
+    assert not use_ragged_attention(elsewhere) and elsewhere.config._attn_implementation == "sdpa"
+    assert use_ragged_attention(elsewhere, any_device=True)
     prompts = [tok(p)["input_ids"] for p in PROMPTS]
     width = max(map(len, prompts))
     ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])

@@ -49,7 +49,7 @@ class HFSampler:
         dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else "auto"
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device).eval()
         fuse_gelu(self.model)
-        use_ragged_attention(self.model)  # where this transformers can: SDPA over each row's own columns
+        use_ragged_attention(self.model)  # on the CPU, where this transformers can: SDPA over each row's own columns
         own = getattr(self.model.config, "max_position_embeddings", None) or getattr(
             self.model.config, "n_positions", 4096)
         self.max_positions = min(own, cfg.max_model_len) if cfg.max_model_len else own
