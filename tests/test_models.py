@@ -143,6 +143,28 @@ def test_a_single_worker_trains_on_the_device_it_was_given(monkeypatch, tiny_lm,
     assert ("cpu",) in moved and stats["device"] == "cpu"
 
 
+def test_a_bfloat16_checkpoint_trains_on_float32_weights(tiny_lm, tmp_path):
+    """transformers 5 loads a bf16 checkpoint as bf16; AdamW on bf16 weights rounds away updates
+    under half a bf16 step: here 9% of the linear weights moved when it trained them as bf16 (before
+    the fix), over 60% on float32 weights. Saved back as bf16, as its base."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path, _ = tiny_lm
+    base = tmp_path / "bf16"
+    AutoModelForCausalLM.from_pretrained(path).to(torch.bfloat16).save_pretrained(base)
+    AutoTokenizer.from_pretrained(path).save_pretrained(base)
+    texts = [PROMPT + "    return a + b\n", "def mul(a, b):\n    return a * b\n"] * 2
+    stats = finetune(base, texts, FinetuneConfig(method="full", epochs=4, lr=1e-5, seed=0), tmp_path / "ft",
+                     progress=False)
+    assert (stats["trained_dtype"], stats["saved_dtype"]) == ("float32", "bfloat16")
+    before = dict(AutoModelForCausalLM.from_pretrained(base).named_parameters())
+    after = dict(AutoModelForCausalLM.from_pretrained(tmp_path / "ft").named_parameters())
+    assert next(iter(after.values())).dtype == torch.bfloat16
+    linear = [n for n in before if n.endswith("weight") and any(k in n for k in ("c_attn", "c_proj", "c_fc"))]
+    moved = sum(int((before[n] != after[n]).sum()) for n in linear) / sum(before[n].numel() for n in linear)
+    assert moved > 0.6, moved
+
+
 def test_bad_method_refused():
     with pytest.raises(ValueError, match="full.*lora"):
         FinetuneConfig(method="qlora")

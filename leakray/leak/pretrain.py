@@ -17,7 +17,7 @@ import numpy as np
 
 from leakray.errors import BadInput
 from leakray.leak.mixture import MixConfig
-from leakray.models.finetune import save_model
+from leakray.models.finetune import load_for_training, save_model
 from leakray.models.kernels import fuse_gelu
 from leakray.models.offline import warmup_cosine_lr
 
@@ -32,7 +32,7 @@ def continue_pretrain(base_path: str | Path, sequences: np.ndarray, cfg: MixConf
     returns stats."""
     import torch
     from tqdm.auto import tqdm
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
@@ -41,7 +41,7 @@ def continue_pretrain(base_path: str | Path, sequences: np.ndarray, cfg: MixConf
     if seqs.ndim != 2 or seqs.shape[1] != cfg.seq_len or len(seqs) == 0:
         raise BadInput(f"sequences must be [n, {cfg.seq_len}] token ids, got shape {seqs.shape}", field="sequences")
     tok = AutoTokenizer.from_pretrained(base_path)
-    model = AutoModelForCausalLM.from_pretrained(base_path)
+    model, stored = load_for_training(base_path)  # float32 weights, saved back in the base's dtype
     fuse_gelu(model)  # the same function, a fused kernel: a few % off each step
     max_pos = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
     if max_pos and cfg.seq_len > max_pos:
@@ -99,8 +99,9 @@ def continue_pretrain(base_path: str | Path, sequences: np.ndarray, cfg: MixConf
         "loss_curve": [round(float(np.mean(losses[i: i + every])), 4) for i in range(0, len(losses), every)],
         "parameters": sum(p.numel() for p in model.parameters()),
         "seconds": round(time.perf_counter() - t0, 1), "device": str(device),
+        "trained_dtype": "float32", "saved_dtype": str(stored).removeprefix("torch."),
     }
     inner = getattr(model, "module", model)  # unwrap DDP
     if is_writer:
-        save_model(inner, tok, out_dir)
+        save_model(inner, tok, out_dir, stored)
     return stats
