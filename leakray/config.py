@@ -147,6 +147,7 @@ def _finetune(**protocol) -> Any:
 
 SampleSection = _stage_section(SampleConfig, "SampleSection", types={
     "backend": Literal["hf", "vllm", "openai"], "device": Literal["auto", "cpu", "cuda"], "k": Positive,
+    "dtype": Literal["auto", "float32", "bfloat16", "float16"],
     "temperature": Annotated[float, Field(ge=0)], "top_p": Annotated[float, Field(gt=0, le=1)],
     "max_new_tokens": Positive, "batch_size": Positive, "threads": Positive, "max_model_len": Positive | None,
     "gpu_memory_utilization": Annotated[float, Field(gt=0, le=1)], "tensor_parallel_size": Positive,

@@ -78,6 +78,7 @@ BAD_SETTINGS = [
     (["detect.cgmia.epoch=3"], "detect.cgmia", "did you mean 'epochs'"),
     (["detect.seeds=[]"], "detect.seeds", "at least 1"),
     (["sample.top_p=1.5"], "sample.top_p", "less than or equal to 1"),
+    (["sample.dtype=bf16"], "sample.dtype", "'bfloat16'"),
     (["detect.threshold_rule=target_median"], "detect.threshold_rule", "shadow_max_mcc"),
 ]
 

@@ -43,8 +43,11 @@ class SlidingWindowEmbedder:
         if not 0 < stride <= max_tokens:
             raise BadInput(f"need 0 < stride <= max_tokens, got stride={stride}, max_tokens={max_tokens}")
         self.tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
-        kwargs = {"dtype": dtype} if dtype is not None else {}
-        self.model = AutoModel.from_pretrained(model_name_or_path, **kwargs).to(device).eval()
+        from leakray.models.host import load_dtype
+
+        if dtype is None:  # the checkpoint's own; float32 on a CPU for a 16-bit one (load_dtype says why)
+            dtype = load_dtype("auto", str(model_name_or_path), torch.device(device).type)
+        self.model = AutoModel.from_pretrained(model_name_or_path, dtype=dtype).to(device).eval()
         self.device, self.max_tokens, self.stride, self.batch_size = device, max_tokens, stride, batch_size
         self.name = str(model_name_or_path)
         tok = self.tokenizer

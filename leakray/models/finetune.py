@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from leakray.models.host import host_fingerprint
+from leakray.models.host import host_fingerprint, stored_dtype
 from leakray.models.kernels import fuse_gelu
 
 # Leaf module names of attention q/k/v/o and FFN linears across common architectures.
@@ -188,12 +188,9 @@ def load_for_training(base: str | Path):
     (tests/test_models.py: 9% against over 60%). It costs twice a bf16 checkpoint's memory while
     it trains."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(base)
-    stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
-    stored = getattr(torch, stored) if isinstance(stored, str) else stored
-    return AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), stored
+    return AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), stored_dtype(str(base))
 
 
 def save_model(model, tok, out_dir: str | Path | None, dtype=None) -> None:

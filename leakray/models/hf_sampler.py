@@ -20,6 +20,7 @@ from leakray.errors import BadInput
 from leakray.models.sampler import (PROMPT_TRUNCATED_LEFT, RefScores, SampleConfig, Samples, keep,
                                     n_completions, perplexity, scorable_reference, scores_from_logprobs,
                                     task_seed)
+from leakray.models.host import load_dtype
 from leakray.models.kernels import fuse_gelu
 from leakray.models.stops import stop_strings
 
@@ -46,8 +47,8 @@ class HFSampler:
         self.tok = AutoTokenizer.from_pretrained(model_path)
         if self.tok.pad_token is None:
             self.tok.pad_token = self.tok.eos_token
-        dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else "auto"
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device).eval()
+        self.dtype = load_dtype(cfg.dtype, model_path, self.device.type)  # auto: float32 on a CPU
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype).to(self.device).eval()
         fuse_gelu(self.model)
         use_ragged_attention(self.model)  # on the CPU, where this transformers can: SDPA over each row's own columns
         own = getattr(self.model.config, "max_position_embeddings", None) or getattr(

@@ -59,3 +59,57 @@ def fingerprint_line(fp: dict) -> str:
     return (f"Computed on {fp.get('cpu')} ({fp.get('cpus')} CPUs, {fp.get('machine')}), torch's CPU kernels "
             f"**{fp.get('torch_cpu_capability')}**; Python {fp.get('python')}, {libs}. Numbers repeat on the same "
             "kind of CPU; another CPU's kernels give other floating-point results (docs/DESIGN.md).")
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation here, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not Linux
+        return None
+
+
+def stored_dtype(path: str):
+    """The floating-point dtype a checkpoint's config says its weights are stored in (float32 when
+    it says none)."""
+    import torch
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+    return getattr(torch, stored) if isinstance(stored, str) else stored
+
+
+def _weight_bytes(path: str) -> int | None:
+    from pathlib import Path
+
+    files = [f for pattern in ("*.safetensors", "*.bin") for f in Path(path).glob(pattern)] \
+        if Path(path).is_dir() else []
+    return sum(f.stat().st_size for f in files) or None
+
+
+def load_dtype(requested: str, path: str, device: str):
+    """The dtype to load a model for inference in. A dtype named in the config is taken as it is;
+    ``auto`` is the checkpoint's own, except on the CPU: there a 16-bit checkpoint loads as
+    float32 when float32 weights take at most half the memory available. On this project's
+    2-core CPU a GPT-2-small-sized model sampled 27x slower in bfloat16 than in float32, and
+    scored references 67x slower (torch has no fast bfloat16 matrix products on a CPU without
+    AVX512-BF16/AMX; transformers 5 loads a bf16 checkpoint, what code LLMs ship, as bf16). A
+    checkpoint too large for float32 keeps its own dtype (slow, but it fits), with a warning."""
+    import logging
+
+    import torch
+
+    if requested != "auto":
+        return getattr(torch, requested)
+    stored = stored_dtype(path)
+    if device != "cpu" or stored.itemsize != 2:
+        return stored
+    size, free = _weight_bytes(path), available_memory()
+    if size is not None and free is not None and size * 4 // stored.itemsize > free // 2:
+        logging.getLogger(__name__).warning(
+            "%s: %s weights, loaded as they are on the CPU (float32 would take %.1f GB of the %.1f GB "
+            "available); bfloat16/float16 matrix products are slow on most CPUs", path,
+            str(stored).removeprefix("torch."), size * 4 / stored.itemsize / 1e9, free / 1e9)
+        return stored
+    return torch.float32

@@ -42,7 +42,7 @@ class SampleConfig:
     seed: int = 0
     threads: int = 1
     device: str = "auto"  # "auto" | "cpu" | "cuda"
-    dtype: str = "auto"
+    dtype: str = "auto"  # HF: auto is the checkpoint's own, float32 on a CPU for a 16-bit one (host.load_dtype)
     max_model_len: int | None = None  # context length in tokens; None: the model's own
     gpu_memory_utilization: float = 0.9  # vLLM: share of each GPU for weights and KV cache
     tensor_parallel_size: int = 1  # vLLM: GPUs one model is split over
