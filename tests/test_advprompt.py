@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from sklearn.metrics import roc_auc_score
 
 from leakray.detect import advprompt as ap
@@ -127,6 +128,9 @@ def test_seeded_and_saved(tmp_path):
     loaded = ap.AdvPromptDetector.load(det.save(tmp_path / "det"))
     assert np.array_equal(loaded.predict_proba(a), p1)
     assert loaded.config == det.config and loaded.n_train == 120
+    if not torch.cuda.is_available():  # trained on a GPU, scored where there is none: on the CPU
+        elsewhere = ap.AdvPromptDetector.load(tmp_path / "det", device="cuda")
+        assert elsewhere.config.device == "cpu" and np.array_equal(elsewhere.predict_proba(a), p1)
     with pytest.raises(BadInput):
         ap.AdvPromptDetector.load(tmp_path / "nothing")
 

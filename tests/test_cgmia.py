@@ -114,6 +114,13 @@ def test_save_load_roundtrip(tmp_path, data, trained):
     assert all(torch.equal(v, loaded.frozen.state_dict()[k]) for k, v in trained.frozen.state_dict().items())
     with pytest.raises(BadInput):
         CGMIADetector.load(tmp_path / "nowhere")
+    # trained on a GPU (a Ray Train worker's), loaded where there is none (the driver on a CPU
+    # head, a laptop reusing a card): it scores on the CPU, the same numbers
+    if not torch.cuda.is_available():
+        on_gpu = CGMIADetector.from_state({**trained.state(), "config": {**trained.config.to_dict(), "device": "cuda"}})
+        assert on_gpu.config.device == "cpu"
+        np.testing.assert_array_equal(on_gpu.predict_proba(target), trained.predict_proba(target))
+        assert CGMIADetector.load(tmp_path / "det", device="cuda:0").config.device == "cpu"
 
 
 def test_constant_pass_block_dropped_and_target_with_tests_ok():

@@ -35,6 +35,7 @@ from torch import nn
 
 from leakray.detect.datafiles import load_tensors, read_meta, save_tensors, write_meta
 from leakray.errors import BadInput
+from leakray.models.host import runnable_device
 from leakray.models.kernels import adam
 from leakray.perturb.core import SLOTS, slot_name
 
@@ -226,8 +227,8 @@ class AdvPromptDetector:
             raise BadInput(f"advprompt format {meta.get('format_version')!r} / features differ from this version",
                            path=str(directory / _CONFIG_FILE))
         cfg = dict(meta["config"])
-        if device is not None:
-            cfg["device"] = device
+        # trained on a GPU, scored here (on the CPU where this process has no GPU)
+        cfg["device"] = runnable_device(device if device is not None else cfg["device"])
         det = cls(AdvPromptConfig.from_dict(cfg), meta["seed"], np.array(meta["mean"]), np.array(meta["scale"]))
         det.net.load_state_dict(load_tensors(directory / _WEIGHTS_FILE))
         det.net.to(det.config.device)

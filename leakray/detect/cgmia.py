@@ -42,6 +42,7 @@ from leakray.detect.datafiles import (join_state, load_arrays, load_tensors, rea
                                       write_meta)
 from leakray.errors import BadInput
 from leakray.evaluate.thresholds import DEFAULT_RULE, ThresholdRule, choose_threshold
+from leakray.models.host import runnable_device
 from leakray.models.kernels import adam
 from leakray.schema import C
 
@@ -260,8 +261,7 @@ class CGMIADetector:
         if state.get("format_version") != FORMAT_VERSION:
             raise BadInput(f"CGMIA format {state.get('format_version')!r}, expected {FORMAT_VERSION}")
         cfg = dict(state["config"])
-        if device is not None:
-            cfg["device"] = device
+        cfg["device"] = runnable_device(device if device is not None else cfg["device"])
         det = cls(CGMIAConfig.from_dict(cfg), state["seed"], state["k"], state["d"],
                   state["expert_width"], np.asarray(state["expert_keep"], bool),
                   state["scaler_mean"], state["scaler_scale"])

@@ -113,3 +113,16 @@ def load_dtype(requested: str, path: str, device: str):
             str(stored).removeprefix("torch."), size * 4 / stored.itemsize / 1e9, free / 1e9)
         return stored
     return torch.float32
+
+
+def runnable_device(device: str) -> str:
+    """``device``, or the CPU where it names a GPU this process has none of. For a trained model
+    being loaded to score (a small network): CGMIA trained on a Ray Train GPU worker comes back to
+    the driver, which on a cluster's CPU head has no GPU; a card built on a GPU is reused on a
+    laptop. The weights are the same wherever they run."""
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            return "cpu"
+    return device
