@@ -39,7 +39,11 @@ class HFBackend:
         self.tok = AutoTokenizer.from_pretrained(model_path)
         if self.tok.pad_token is None:
             self.tok.pad_token = self.tok.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(model_path).eval()
+        from leakray.models.host import load_dtype
+
+        # a 16-bit checkpoint as float32: this server runs on the CPU (load_dtype says why)
+        dtype = load_dtype("auto", model_path, "cpu")
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).eval()
         self.max_len = getattr(self.model.config, "max_position_embeddings", None) or self.model.config.n_positions
         # a target without logprobs: "ignore" answers without them, "refuse" answers 400
         self.no_logprobs = no_logprobs
