@@ -48,7 +48,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from gpu_check import PROMPTS, REFERENCES, TOLERANCE, Checks, Teacher, _stats, build_base, token_deltas  # noqa: E402
+from gpu_check import (PROMPTS, REFERENCES, TOLERANCE, Checks, Teacher, _stats, build_base,  # noqa: E402
+                       log_ppl_deltas, token_deltas)
 
 # float32 on another device (other kernels, another summation order) vs the CPU, per token (nats)
 FP32_DEVICE = 1e-3
@@ -128,12 +129,7 @@ def check_models(checks: Checks, device: str, models: dict[str, Path]) -> None:
         def sample_vs_teacher():
             teacher = Teacher(path, device)
             out = dev.sample(PROMPTS, LANGS, KEYS)
-            d = []
-            for s, prompt in zip(out, PROMPTS):
-                ctx = teacher.prompt_ids(prompt)
-                for ppl, toks in zip(s.perplexity, s.token_ids):
-                    lps = teacher.logprobs(ctx, toks)
-                    d.append(abs(math.log(ppl) + sum(lps) / len(lps)))
+            d = log_ppl_deltas(out, PROMPTS, teacher)
             distinct = sum(len(set(map(tuple, s.token_ids))) for s in out)
             return max(d) <= FP32_DEVICE, f"|d log ppl| {_stats(d)}, {distinct} distinct completions", out
 
@@ -163,13 +159,7 @@ def check_models(checks: Checks, device: str, models: dict[str, Path]) -> None:
                 return True, "bf16 on the CPU is not what this checks (device cpu)", None
             half, full, teacher = sampler(path, device, "bfloat16"), dev, Teacher(path, device)
             d = token_deltas(half.reference_scores(PROMPTS, REFERENCES), full.reference_scores(PROMPTS, REFERENCES))
-            out = half.sample(PROMPTS, LANGS, KEYS)
-            dp = []
-            for s, prompt in zip(out, PROMPTS):
-                ctx = teacher.prompt_ids(prompt)
-                for ppl, toks in zip(s.perplexity, s.token_ids):
-                    lps = teacher.logprobs(ctx, toks)
-                    dp.append(abs(math.log(ppl) + sum(lps) / len(lps)))
+            dp = log_ppl_deltas(half.sample(PROMPTS, LANGS, KEYS), PROMPTS, teacher)
             tmax, tmean = TOLERANCE["bfloat16"]
             ok = max(d) <= tmax and sum(d) / len(d) <= tmean and sum(dp) / len(dp) <= tmean
             return ok, (f"reference logprob vs float32 {_stats(d)} <= {tmax:g}/{tmean:g}; sampled |d log ppl| vs "
