@@ -271,7 +271,7 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
 
 
 def _leak_line(role: str, i: dict) -> str:
-    where = f"D{ROLES[role][0] + 1} ({i['rows_in']} tasks)"
+    where = f"D{ROLES[role][0] + 1} ({i['rows_in']} tasks)" + (f" on {i['device']}" if i.get("device") else "")
     if "dose" in i:
         return (f"pretrain-mix: {where} x{i['dose']} in {i.get('n_tokens')} tokens "
                 f"(member share {i.get('member_token_share', 0):.2%}), final loss {i.get('final_loss')}")

@@ -149,7 +149,7 @@ def write_report(run_dir: Path, cfg: dict, timings: dict) -> dict:
                      "cached": base.get("cached")},
             **{role: {k: stages.get(role, {}).get(k) for k in
                       ("parameters", "trainable_parameters", "steps", "final_loss", "loss_per_epoch", "n_texts",
-                       "host")}
+                       "host", "device", "trained_dtype", "saved_dtype")}
                for role in ("target", "shadow")},
         },
         "collections": {role: {k: v for k, v in stages.get(f"collect_{role}", {}).items() if k != "stage"}
