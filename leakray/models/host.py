@@ -93,7 +93,7 @@ def load_dtype(requested: str, path: str, device: str):
     ``auto`` is the checkpoint's own, except on the CPU: there a 16-bit checkpoint loads as
     float32 when float32 weights take at most half the memory available. On this project's
     2-core CPU a GPT-2-small-sized model sampled 27x slower in bfloat16 than in float32, and
-    scored references 67x slower (torch has no fast bfloat16 matrix products on a CPU without
+    scored references 67x slower (benchmarks/bench_cpu_dtype.py; torch has no fast bfloat16 matrix products on a CPU without
     AVX512-BF16/AMX; transformers 5 loads a bf16 checkpoint, what code LLMs ship, as bf16). A
     checkpoint too large for float32 keeps its own dtype (slow, but it fits), with a warning."""
     import logging
