@@ -190,7 +190,7 @@ def load_for_training(base: str | Path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), stored_dtype(str(base))
+    return AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), stored_dtype(str(base)) or torch.float32
 
 
 def save_model(model, tok, out_dir: str | Path | None, dtype=None) -> None:

@@ -70,13 +70,13 @@ def available_memory() -> int | None:
 
 
 def stored_dtype(path: str):
-    """The floating-point dtype a checkpoint's config says its weights are stored in (float32 when
-    it says none)."""
+    """The floating-point dtype a checkpoint's config says its weights are stored in; None when it
+    says none (transformers then reads the weights' own)."""
     import torch
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(path)
-    stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+    stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     return getattr(torch, stored) if isinstance(stored, str) else stored
 
 
@@ -91,9 +91,10 @@ def _weight_bytes(path: str) -> int | None:
 def load_dtype(requested: str, path: str, device: str):
     """The dtype to load a model for inference in. A dtype named in the config is taken as it is;
     ``auto`` is the checkpoint's own, except on the CPU: there a 16-bit checkpoint loads as
-    float32 when float32 weights take at most half the memory available. On this project's
-    2-core CPU a GPT-2-small-sized model sampled 27x slower in bfloat16 than in float32, and
-    scored references 67x slower (benchmarks/bench_cpu_dtype.py; torch has no fast bfloat16 matrix products on a CPU without
+    float32 when float32 weights take at most half the memory available (a config naming no dtype:
+    float32 on a CPU, the weights' own elsewhere). On this project's 2-core CPU a GPT-2-small-sized
+    model sampled 27x slower in bfloat16 than in float32, and scored references 67x slower
+    (benchmarks/bench_cpu_dtype.py; torch has no fast bfloat16 matrix products on a CPU without
     AVX512-BF16/AMX; transformers 5 loads a bf16 checkpoint, what code LLMs ship, as bf16). A
     checkpoint too large for float32 keeps its own dtype (slow, but it fits), with a warning."""
     import logging
@@ -103,8 +104,10 @@ def load_dtype(requested: str, path: str, device: str):
     if requested != "auto":
         return getattr(torch, requested)
     stored = stored_dtype(path)
-    if device != "cpu" or stored.itemsize != 2:
-        return stored
+    if device != "cpu":
+        return stored or "auto"  # the checkpoint's own (the weights' when the config names none)
+    if stored is None or stored.itemsize != 2:
+        return stored or torch.float32
     size, free = _weight_bytes(path), available_memory()
     if size is not None and free is not None and size * 4 // stored.itemsize > free // 2:
         logging.getLogger(__name__).warning(
