@@ -1,4 +1,6 @@
+import json
 import math
+import shutil
 
 import pytest
 from conftest import CharTokenizer
@@ -184,6 +186,13 @@ def test_a_16_bit_checkpoint_samples_in_float32_on_the_cpu(tiny_lm, tmp_path, mo
     assert dtype_of() == torch.float32 and dtype_of(dtype="bfloat16") == torch.bfloat16
     assert host.load_dtype("auto", str(base), "cuda") == torch.bfloat16  # a GPU's bf16 is fast
     assert host.load_dtype("auto", str(path), "cpu") == torch.float32  # a float32 checkpoint stays so
+    unnamed = tmp_path / "unnamed"  # a config naming no dtype: float32 here, the weights' own on a GPU
+    shutil.copytree(base, unnamed)
+    config = json.loads((unnamed / "config.json").read_text())
+    config.pop("dtype", None), config.pop("torch_dtype", None)
+    (unnamed / "config.json").write_text(json.dumps(config))
+    assert host.load_dtype("auto", str(unnamed), "cpu") == torch.float32
+    assert host.load_dtype("auto", str(unnamed), "cuda") == "auto"
     monkeypatch.setattr(host, "available_memory", lambda: 1000)  # float32 would not fit
     assert dtype_of() == torch.bfloat16 and "loaded as they are on the CPU" in caplog.text
 
