@@ -150,7 +150,8 @@ def check_models(checks: Checks, device: str, models: dict[str, Path]) -> None:
             tol = FP32_DEVICE if dtype == "float32" else TOLERANCE[dtype][1]
             # float32: the same tokens; bf16 may flip a near-tie argmax (hf_sampler's docstring)
             ok = bool(d) and max(d) <= tol and (all(same) or dtype != "float32")
-            return ok, (f"{a.model.config._attn_implementation} vs {b.model.config._attn_implementation}: greedy tokens "
+            impl = f"{a.model.config._attn_implementation} vs {b.model.config._attn_implementation}"
+            return ok, (f"{impl}: greedy tokens "
                         f"the same for {sum(same)}/{len(same)} prompts; |d log ppl| {_stats(d) if d else '-'} "
                         f"<= {tol:g}"), None
 
@@ -244,7 +245,8 @@ def check_features(checks: Checks, device: str, encoder: Path) -> None:
         b = SlidingWindowEmbedder(str(encoder), device="cpu", **kw).embed(texts)
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
         cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
-        return cos.min() >= 0.9999, f"cosine device vs cpu: min {cos.min():.6f} over {len(texts)} texts (>= 0.9999)", None
+        detail = f"cosine device vs cpu: min {cos.min():.6f} over {len(texts)} texts (>= 0.9999)"
+        return cos.min() >= 0.9999, detail, None
 
     def cgmia_fit():
         from leakray.detect.cgmia import CGMIAConfig, arrays_from_table, fit
