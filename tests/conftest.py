@@ -24,6 +24,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # starts a usage-collection actor (one more process importing Ray Data, ~2 CPU s) that the tests
 # never read; `ray start --disable-usage-stats` reaches the head's processes, not the drivers'.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# Passive OpenMP waiting, as `import leakray` sets it (leakray/__init__.py, why), here too: a test
+# module imports torch before leakray (third-party imports come first), and libgomp reads the
+# variable once, when torch loads it. The real head's processes inherit it from here.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 # The modules whose tests run on the real head (`ray_head`): one xdist worker runs them one after

@@ -26,3 +26,17 @@ def test_fingerprint_follows_the_kernels_torch_was_told_to_use():
     got = subprocess.run([sys.executable, "-c", code], env={**os.environ, "ATEN_CPU_CAPABILITY": "default"},
                          capture_output=True, text=True, check=True).stdout.strip()
     assert got == "DEFAULT"
+
+
+def test_importing_leakray_makes_openmp_wait_passively_unless_the_user_chose():
+    # libgomp's spinning waits burn the cores other processes need (leakray/__init__.py); the
+    # variable must be set before torch loads libgomp, i.e. by importing any leakray module
+    code = "import os, leakray.models.host, torch; print(os.environ.get('OMP_WAIT_POLICY'))"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+
+    def policy(extra: dict) -> str:
+        return subprocess.run([sys.executable, "-c", code], env={**env, **extra}, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    assert policy({}) == "PASSIVE"
+    assert policy({"OMP_WAIT_POLICY": "ACTIVE"}) == "ACTIVE"  # the user's own choice stays
