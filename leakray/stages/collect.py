@@ -620,7 +620,8 @@ def collect_steps(model_path: str, cfg: CollectConfig) -> list[BatchStep]:
     rest = [
         BatchStep(ExecuteStage, {"timeout_s": cfg.execute_timeout_s, "threads": cfg.execute_threads,
                                  "allow_weak_isolation": cfg.allow_weak_isolation}, cfg.execute_resources),
-        # light (CodeBLEU on a batch's completions): no CPU of its own to reserve, one task at a time
+        # light (CodeBLEU on a batch's completions): no CPU of its own to reserve; a function step runs as
+        # Ray tasks, as many at once as Ray Data starts (`actors` bounds class steps' pools only)
         BatchStep(score_stage, resources=StageResources(actors=1, cpus=0.0)),
     ]
     if cfg.embed_with_sampler:
