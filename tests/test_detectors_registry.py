@@ -169,3 +169,53 @@ def test_every_detector_declares_its_fit_and_the_protocol_chooses_where_it_runs(
                                    bootstrap=0, trace_memory=False)
     assert calls == [[3, 4]]  # lent once for every seed, and only when asked
     assert [m["auc"] for m in on["per_seed"]["cgmia"]] == [m["auc"] for m in off["per_seed"]["cgmia"]]
+
+
+def test_the_composites_fit_their_seeds_in_one_task_and_build_their_inputs_once(monkeypatch):
+    """A learned detector's seeds are separate Ray tasks, except a composite's: its inputs cost
+    more than its fits, so its seeds share one task where each collection's inputs are built once."""
+    from leakray.detect import combined
+    from leakray.protocols.detectors import plan_jobs
+
+    seeds = [0, 1, 2]
+    spread, driver = plan_jobs([["transformer"], ["leakray_combined"], ["text_combined"], ["min_k"],
+                                ["lr", "svm"]], seeds, parallel=True)
+    assert (["transformer"], [0]) in spread and (["transformer"], [2]) in spread
+    assert (["leakray_combined"], seeds) in spread and (["text_combined"], seeds) in spread
+    assert (["min_k"], seeds) in spread and driver == [(["lr", "svm"], seeds)]  # its own Tune run
+    assert plan_jobs([["transformer"]], seeds, parallel=False) == ([], [(["transformer"], seeds)])
+
+    built = []
+    real = combined._BUILDERS["expert"]
+    monkeypatch.setitem(combined._BUILDERS, "expert", (lambda t: built.append(t) or real[0](t), real[1]))
+    shadow, target = synthetic_collection(n=60, seed=1), synthetic_collection(n=40, seed=2, prefix="u")
+    dets = registry.detector_class("leakray_combined").fit_seeds(shadow, seeds, {"groups": ["expert"]})
+    scores = [d.score(target) for d in dets]
+    assert [t is shadow for t in built] == [True, False]  # once per collection for three seeds
+    again = registry.make("leakray_combined", {"groups": ["expert"]}).fit(synthetic_collection(n=60, seed=1), 0)
+    np.testing.assert_array_equal(again.score(target), scores[0])  # an equal table built anew: the same result
+    assert len(built) == 3
+
+
+def test_per_table_computes_once_per_table_object_while_it_lives():
+    import gc
+
+    from leakray.detect import arrays
+
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return np.arange(3.0), ["a"]
+
+    t = pa.table({"x": [1, 2, 3]})
+    x, names = arrays.per_table(t, "k", compute)
+    assert arrays.per_table(t, "k", compute)[0] is x and len(calls) == 1
+    assert not x.flags.writeable  # a cached input cannot be changed under the next reader
+    arrays.per_table(t, "other", compute)
+    arrays.per_table(pa.table({"x": [1, 2, 3]}), "k", compute)  # another object: computed again
+    assert len(calls) == 3
+    key = id(t)
+    del t, x
+    gc.collect()
+    assert key not in arrays._PER_TABLE  # nothing kept for a table that is gone

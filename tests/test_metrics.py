@@ -9,6 +9,7 @@ from leakray.evaluate.metrics import (
     _tpr_at_fpr_batched,
     binary_metrics,
     bootstrap_interval,
+    column_auc,
     downsample,
     median_over_repeats,
     tpr_at_fpr,
@@ -70,6 +71,22 @@ def test_batched_statistics_match_sklearn():
     for a, key in ((0.01, "tpr_at_1fpr"), (0.05, "tpr_at_5fpr")):
         assert _tpr_at_fpr_batched(pos, neg, a)[0] == pytest.approx(m[key])
     assert all(math.isnan(v) for v in m["auc_ci"]) and "switched off" in m["reasons"]["auc_ci"]
+
+
+def test_column_auc_is_sklearns_auc_of_each_column():
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(3)
+    for n in (5, 37, 120):
+        y = rng.integers(0, 2, n)
+        y[:2] = [0, 1]
+        x = np.stack([rng.normal(size=n) + y, np.round(rng.normal(size=n), 0), np.full(n, 2.5), -y,
+                      rng.integers(0, 3, n)], axis=1)  # signal, heavy ties, constant, perfect (reversed), ties
+        want = [roc_auc_score(y, x[:, j]) for j in range(x.shape[1])]
+        np.testing.assert_allclose(column_auc(y, x), want, rtol=0, atol=1e-12)
+    assert column_auc([0, 1, 1], np.array([[3.0], [1.0], [2.0]]))[0] == 0.0
+    with pytest.raises(BadInput, match="both classes"):
+        column_auc([1, 1], np.ones((2, 3)))
 
 
 def test_bootstrap_interval_seeded_contains_estimate_and_narrows():

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import weakref
+from typing import Any, Callable, Hashable
+
 import numpy as np
 import pyarrow as pa
 
@@ -73,3 +76,24 @@ def same_lengths(a: list[np.ndarray], b: list[np.ndarray], name_a: str, name_b: 
     for i, (x, y) in enumerate(zip(a, b)):
         if len(x) != len(y):
             raise BadInput(f"{len(x)} tokens in {name_a!r} but {len(y)} in {name_b!r}", row=i, field=name_b)
+
+
+_PER_TABLE: dict[int, dict[Hashable, Any]] = {}
+
+
+def per_table(table: pa.Table, key: Hashable, compute: Callable[[], Any]) -> Any:
+    """``compute()`` once per table object and ``key``, kept while the table lives. A table is
+    immutable, and a detector's inputs are a pure function of it: every seed's fit and score
+    read the same two collections, so the composites built their inputs ten times over (five
+    seeds, shadow and target) in one process. Arrays in the result are made read-only."""
+    memo = _PER_TABLE.get(id(table))
+    if memo is None:
+        memo = _PER_TABLE[id(table)] = {}
+        weakref.finalize(table, _PER_TABLE.pop, id(table), None)  # the id may be reused once it is gone
+    if key not in memo:
+        value = compute()
+        for v in value if isinstance(value, tuple) else (value,):
+            if isinstance(v, np.ndarray):
+                v.setflags(write=False)
+        memo[key] = value
+    return memo[key]

@@ -158,6 +158,10 @@ class Detector:
     spec: ClassVar[DetectorSpec]
     defaults: ClassVar[Mapping[str, Any]] = {}
     group: ClassVar[str | None] = None  # detectors of one group are fitted by one fit_group call
+    # a learned detector whose inputs cost more to build than its fits (the composites): the detect
+    # stage fits all its seeds in one task, where the inputs are built once per collection
+    # (``leakray.detect.arrays.per_table``), instead of one task per seed building them again
+    seeds_together: ClassVar[bool] = False
 
     def __init__(self, **params: Any):
         unknown = set(params) - set(self.defaults)

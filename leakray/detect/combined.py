@@ -58,10 +58,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from leakray.detect.arrays import list_column
+from leakray.detect.arrays import list_column, per_table
 from leakray.detect.base import DetectorSpec, KeepsHeldout, labels, missing_input, task_keys
 from leakray.detect.datafiles import MODEL_FILE, load_sklearn, save_sklearn
 from leakray.errors import BadInput
+from leakray.evaluate.metrics import column_auc
 from leakray.schema import C
 
 GROUPS = ("expert", "semantic", "likelihood", "generation", "advprompt", "probes")
@@ -89,10 +90,8 @@ class UnitWeights:
         self.mu = self.sd = self.w = None
 
     def fit(self, x: np.ndarray, y: np.ndarray) -> "UnitWeights":
-        from sklearn.metrics import roc_auc_score
-
         self.mu, self.sd = x.mean(0), x.std(0)
-        auc = np.array([roc_auc_score(y, x[:, j]) if self.sd[j] > 0 else 0.5 for j in range(x.shape[1])])
+        auc = np.where(self.sd > 0, column_auc(y, x), 0.5)
         w = auc - 0.5
         keep = np.abs(w) >= self.margin
         keep[np.argmax(np.abs(w))] = True  # never an empty combination
@@ -128,12 +127,10 @@ class PooledWeights(UnitWeights):
         self.pooled, self.z = np.asarray(pooled, dtype=bool), float(z)
 
     def fit(self, x: np.ndarray, y: np.ndarray) -> "PooledWeights":
-        from sklearn.metrics import roc_auc_score
-
         self.mu, sd = x.mean(0), x.std(0)
         n1, n0 = int((y == 1).sum()), int((y == 0).sum())
         se = float(np.sqrt((n0 + n1 + 1) / (12.0 * n0 * n1)))
-        auc = np.array([roc_auc_score(y, x[:, j]) if sd[j] > 0 else 0.5 for j in range(x.shape[1])])
+        auc = np.where(sd > 0, column_auc(y, x), 0.5)
         screened = np.where(np.abs(auc - 0.5) > self.z * se, np.sign(auc - 0.5), 0.0)
         self.w = np.where(self.pooled, 1.0, screened)
         if not self.w.any():  # nothing pooled and nothing clears the screen: the best input alone
@@ -263,6 +260,7 @@ class Combined(KeepsHeldout):
                         "logistic regression over expert + semantic summaries + likelihood + generation scores")
     defaults = {"groups": list(GROUPS), "C": 1.0, "folds": 4, "combiner": "auto", "margin": 0.05}
     known_groups = GROUPS
+    seeds_together = True  # its inputs (the probes' statistics most) cost more than its fits
 
     def __init__(self, **params: Any):
         super().__init__(**params)
@@ -290,7 +288,8 @@ class Combined(KeepsHeldout):
                     raise BadInput(f"{self.spec.name}: input group {g!r} was used in fitting but is missing: "
                                    f"{missing_input(table, cols)}")
                 continue
-            x, names = build(table)
+            x, names = per_table(table, (__name__, g), lambda: build(table))
+            names = list(names)
             if used is not None and names != used[g]:
                 raise BadInput(f"{self.spec.name}: group {g!r} has inputs {names}, fitted on {used[g]}")
             if x.shape[1]:

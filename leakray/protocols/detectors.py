@@ -186,6 +186,25 @@ def _merge_seed_jobs(outcomes: list[dict]) -> list[dict]:
     return list(merged.values())  # a detector's seed jobs come back in the order they were submitted
 
 
+def plan_jobs(groups: list[list[str]], seeds: list[int], parallel: bool) -> tuple[list, list]:
+    """(jobs spread out as Ray tasks, jobs run from the driver); a job is (members, seeds). See
+    the comment where ``evaluate_detectors`` calls it."""
+    from leakray.detect import registry
+
+    spread, driver = [], []
+    for members in groups:
+        fits = {registry.spec(m).fit for m in members}  # a group with a Ray Train/Tune member runs it from here
+        fit = fits.pop() if len(fits) == 1 else "mixed"
+        if not parallel or fit not in ("none", "local"):
+            driver.append((members, seeds))
+        elif fit == "local" and len(members) == 1 and not registry.detector_class(members[0]).seeds_together:
+            spread += [(members, [s]) for s in seeds]
+        else:
+            spread.append((members, seeds))
+    spread.sort(key=lambda job: registry.spec(job[0][0]).fit != "local")  # stable: report order within
+    return spread, driver
+
+
 def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: CGMIAConfig | None = None,
                        seeds: Iterable[int] = (0, 1, 2, 3, 4), *, detectors: str | Iterable[str] = DEFAULT_DETECTORS,
                        detector_params: Mapping[str, Mapping[str, Any]] | None = None,
@@ -279,19 +298,9 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
 
     # groups whose fit runs in this process (none, local) run side by side as Ray tasks, a
     # learned one's seeds as separate tasks (each detector seeds itself: the results are the
-    # same), learned ones first (the longest tasks start first); meanwhile the groups that start
+    # same; all in one task for a detector that ``seeds_together``), learned ones first (the longest tasks start first); meanwhile the groups that start
     # their own Ray Train or Tune run are run from here
-    spread, driver = [], []
-    for members in groups.values():
-        fits = {registry.spec(m).fit for m in members}  # a group with a Ray Train/Tune member runs it from here
-        fit = fits.pop() if len(fits) == 1 else "mixed"
-        if not parallel or fit not in ("none", "local"):
-            driver.append((members, seeds))
-        elif fit == "local" and len(members) == 1:
-            spread += [(members, [s]) for s in seeds]
-        else:
-            spread.append((members, seeds))
-    spread.sort(key=lambda job: registry.spec(job[0][0]).fit != "local")  # stable: report order within
+    spread, driver = plan_jobs(list(groups.values()), seeds, parallel)
     gather = submit_tasks(fit_and_score, spread, shadow_table, target_table, params, context, trace_memory,
                           boot, engine="ray" if spread else "local", env=registry.plugins_env())
     if parallel and len(driver) > 1:
