@@ -110,7 +110,13 @@ def ray_head():
     temp = tempfile.mkdtemp(prefix="lr", dir="/tmp")
     ray = str(Path(sys.executable).with_name("ray"))
     # Every port explicit: the job agent's default port clashes with any other Ray on the machine.
+    # No log monitor: it streams workers' output to drivers, which leakray's drivers do not print
+    # (ray.init(log_to_driver=False) unless --verbose; a job's own output reaches `ray job submit`
+    # from its log file), and it globs the head's log directory ten times a second, a growing
+    # share of a core as the suite's workers leave their log files (the log monitors of one suite's
+    # clusters took 63 CPU s, the long-lived head's the most).
     started = subprocess.run([ray, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=true",
+                              "--include-log-monitor=false",
                               f"--dashboard-port={dash}", f"--dashboard-agent-listen-port={agent}",
                               f"--dashboard-agent-grpc-port={agent_grpc}", f"--metrics-export-port={metrics}",
                               f"--runtime-env-agent-port={rt_env}", "--disable-usage-stats", f"--temp-dir={temp}"],
