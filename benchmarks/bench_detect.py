@@ -28,6 +28,13 @@ those fits cheaper: K fits of the real ``advprompt.fit`` on the shadow collectio
 another, against K same-shaped MLPs (same layers, dropout, batches of 4, epochs, fused Adam)
 stacked, per fit.
 
+With ``--composites``: each composite (``leakray_combined``, ``text_combined``) fitted and scored
+for every seed the way the stage ran it before (each seed its own task: the tables arrive as new
+objects, so every seed builds the inputs again) and the way it runs now (every seed in one task,
+the inputs built once per collection: ``leakray.detect.arrays.per_table``), CPU seconds and their
+ratio; then the composites' per-column AUCs on the demo's input matrix, sklearn's
+``roc_auc_score`` column by column (before) against ``evaluate.metrics.column_auc`` (after).
+
 The stage's wall time on the demo (Ray tasks, Ray Train and Tune side by side) is in the
 demo's marker; this script shows where the core-seconds went.
 """
@@ -67,7 +74,11 @@ def main() -> None:
     ap.add_argument("--rss", action="store_true", help="the high-water mark against a sampling thread, per detector")
     ap.add_argument("--advprompt", action="store_true",
                     help="AdvPrompt's gray-box and ablation parts, and its fits one by one against stacked")
+    ap.add_argument("--composites", action="store_true",
+                    help="the composites' seeds one task each (inputs rebuilt) against together; AUCs per column")
     args = ap.parse_args()
+    if args.composites:
+        return composites(args)
     if args.advprompt:
         return advprompt(args)
     if args.memory:
@@ -146,6 +157,43 @@ def advprompt(args) -> None:
         one = cpu(lambda: [ap.fit(arrays, cfg, s) for s in range(k)])[1] / k
         stacked = cpu(lambda: _stacked_fits(x, y, k, cfg))[1] / k
         print(f"{k:<8}{one:>12.2f}{stacked:>10.2f}{stacked / one:>8.2f}")
+
+
+def composites(args) -> None:
+    import numpy as np
+    import pyarrow as pa
+    from sklearn.metrics import roc_auc_score
+
+    from leakray.detect import registry
+    from leakray.detect.base import FitContext, labels
+    from leakray.evaluate.metrics import column_auc
+    from leakray.protocols.detectors import fit_and_score
+
+    shadow, target = _collections(args.run_dir)
+    seeds = list(range(args.seeds))
+    boot = {"n_bootstrap": 0, "bootstrap_seed": 0}
+    anew = lambda t: pa.Table.from_batches(t.to_batches(), t.schema)  # noqa: E731  (what a Ray task receives)
+    print(f"{shadow.num_rows} shadow rows, {target.num_rows} target rows, seeds {seeds}; CPU seconds, one thread")
+    print(f"{'composite':<18}{'a task per seed':>16}{'seeds together':>16}{'ratio':>8}")
+    registry.make("leakray_combined").features(anew(shadow))  # warm-up: the imports its inputs need
+    for name in ("leakray_combined", "text_combined"):
+        apart = cpu(lambda: [fit_and_score(([name], [s]), anew(shadow), anew(target), {}, FitContext(), False, boot)
+                             for s in seeds])
+        together = cpu(lambda: fit_and_score(([name], seeds), anew(shadow), anew(target), {}, FitContext(), False,
+                                             boot))
+        same = all(np.array_equal(a["rows"][name][0]["score"], b["score"])
+                   for a, b in zip(apart[0], together[0]["rows"][name]))
+        print(f"{name:<18}{apart[1]:>16.2f}{together[1]:>16.2f}{together[1] / apart[1]:>8.2f}"
+              f"  (the same scores: {same})")
+    x, _ = registry.make("leakray_combined").features(shadow)
+    y = labels(shadow)
+    x = x[:, x.std(0) > 0]
+    reps = 20
+    before = cpu(lambda: [[roc_auc_score(y, x[:, j]) for j in range(x.shape[1])] for _ in range(reps)])[1] / reps
+    after = cpu(lambda: [column_auc(y, x) for _ in range(reps)])[1] / reps
+    gap = np.abs(column_auc(y, x) - [roc_auc_score(y, x[:, j]) for j in range(x.shape[1])]).max()
+    print(f"\nAUC of each of {x.shape[1]} inputs on {len(y)} rows: sklearn column by column {1000 * before:.1f} ms, "
+          f"column_auc {1000 * after:.2f} ms, ratio {after / before:.3f} (largest difference {gap:.1e})")
 
 
 def _stacked_fits(x, y, k: int, cfg) -> None:
