@@ -113,8 +113,8 @@ def ray_head():
     # No log monitor: it streams workers' output to drivers, which leakray's drivers do not print
     # (ray.init(log_to_driver=False) unless --verbose; a job's own output reaches `ray job submit`
     # from its log file), and it globs the head's log directory ten times a second, a growing
-    # share of a core as the suite's workers leave their log files (the log monitors of one suite's
-    # clusters took 63 CPU s, the long-lived head's the most).
+    # share of a core as the suite's workers leave their log files (over one suite the log monitors
+    # of its clusters, this head's and the in-process tests' local ones, took 63 CPU s).
     started = subprocess.run([ray, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=true",
                               "--include-log-monitor=false",
                               f"--dashboard-port={dash}", f"--dashboard-agent-listen-port={agent}",

@@ -217,8 +217,8 @@ def mask_match(completion: str, span: str) -> float:
 
 def next_agreement(draws: list[str], target: str) -> int:
     """How many draws the true rest starts with (an empty draw, an end of text, never agrees).
-    Each distinct draw is tested once: a cut's 128 draws are a few distinct tokens, and the
-    composites read every row's draws on each fit (the per-draw test was most of their time)."""
+    Each distinct draw is tested once: on the demo's collections a cut's 128 draws hold about 14
+    distinct strings."""
     return sum(n for d, n in Counter(draws).items() if d and target.startswith(d))
 
 

@@ -298,8 +298,9 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
 
     # groups whose fit runs in this process (none, local) run side by side as Ray tasks, a
     # learned one's seeds as separate tasks (each detector seeds itself: the results are the
-    # same; all in one task for a detector that ``seeds_together``), learned ones first (the longest tasks start first); meanwhile the groups that start
-    # their own Ray Train or Tune run are run from here
+    # same; all in one task for a detector that ``seeds_together``), learned ones first (the
+    # longest tasks start first); meanwhile the groups that start their own Ray Train or Tune run
+    # are run from here
     spread, driver = plan_jobs(list(groups.values()), seeds, parallel)
     gather = submit_tasks(fit_and_score, spread, shadow_table, target_table, params, context, trace_memory,
                           boot, engine="ray" if spread else "local", env=registry.plugins_env())
