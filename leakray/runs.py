@@ -191,12 +191,15 @@ class StageRunner:
     A stage with a marker is skipped (its recorded info is returned), so a killed run resumes
     at the first unfinished stage and never writes a finished one twice."""
 
-    def __init__(self, run_dir: Path, console, store=None):
-        """``store``: the run's `storage.RunStore` when it is mirrored to a URI (pushed after each stage)."""
+    def __init__(self, run_dir: Path, console, store=None, before_work: Callable[[], None] | None = None):
+        """``store``: the run's `storage.RunStore` when it is mirrored to a URI (pushed after each stage).
+        ``before_work``: called once, before the first stage that is not done yet (joining the
+        cluster the stages run on): an invocation that finds every stage done never calls it."""
         self.run_dir, self.console, self.store = Path(run_dir), console, store
         self.info: dict[str, dict] = {}
         self.ran: list[str] = []  # the stages this invocation ran (the others were already done)
         self._push_lock = threading.Lock()
+        self._before_work, self._ready_lock = before_work, threading.Lock()
 
     def dir(self, name: str) -> Path:
         return self.run_dir / name
@@ -217,6 +220,10 @@ class StageRunner:
         stage = Stage(self.run_dir, spec.name)
         cached = stage.done
         if not cached:
+            with self._ready_lock:  # stages run `Together` start at once: one of them calls it
+                if self._before_work is not None:
+                    self._before_work()
+                    self._before_work = None
             clear_partial(stage.dir)
             stage.start()
             kill_point(stage)

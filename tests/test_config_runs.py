@@ -148,6 +148,35 @@ def test_stage_runner_resumes_and_records_stats(tmp_path):
     assert console.lines[-2] == ("a", True, "")
 
 
+def test_the_cluster_is_joined_before_the_first_stage_that_runs_and_not_for_a_finished_run(tmp_path, monkeypatch):
+    """A finished run invoked again (its report written anew) starts no cluster: Ray is joined
+    once, just before the first stage that is not done, also when two stages start together."""
+    from types import SimpleNamespace
+
+    from leakray.executor import runtime
+    from leakray.protocols.engine import stage_runner
+    from leakray.runs import Together
+    from leakray.storage import RunStore
+
+    joined, order = [], []
+    monkeypatch.setattr(runtime, "ensure_ray", lambda address, **kw: joined.append((address, kw["log_dir"])))
+    cfg, store = SimpleNamespace(ray=SimpleNamespace(address="10.0.0.1:6379")), RunStore(tmp_path, "run")
+
+    def stage(name):
+        def run(out):
+            order.append((name, len(joined)))  # how many joins had happened when the stage started
+            return {}
+        return run
+
+    specs = [StageSpec("a", stage("a")), Together((StageSpec("b", stage("b")), StageSpec("c", stage("c"))))]
+    stage_runner(cfg, store, _Quiet()).run(specs[:1])
+    assert joined == [("10.0.0.1:6379", store.local / "logs")] and order == [("a", 1)]
+    stage_runner(cfg, store, _Quiet()).run(specs)  # resumed: "a" is done, "b" and "c" start together
+    assert len(joined) == 2 and sorted(order[1:]) == [("b", 2), ("c", 2)]
+    runner = stage_runner(cfg, store, _Quiet())  # finished: every stage done
+    assert runner.run(specs).keys() == {"a", "b", "c"} and len(joined) == 2 and runner.ran == []
+
+
 def test_submitted_jobs_write_outside_rays_temporary_working_dir(tmp_path, monkeypatch):
     from leakray.runs import output_root
 

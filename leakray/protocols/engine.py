@@ -1,6 +1,6 @@
 """What every protocol does around its stages: a content-addressed run directory (staged here,
-mirrored to a URI when the output is one) with its config and logs, then a `StageRunner` on a
-started (or joined) Ray. A protocol is then only its list of `StageSpec`s."""
+mirrored to a URI when the output is one) with its config and logs, then a `StageRunner` that
+starts (or joins) Ray before the first stage it has to run. A protocol is then only its list of `StageSpec`s."""
 
 from __future__ import annotations
 
@@ -21,11 +21,16 @@ def open_run(cfg, name: str, n_tasks: int, console: Console, label: str = "run d
 
 
 def stage_runner(cfg, store: RunStore, console: Console) -> StageRunner:
-    """The run's stages on Ray (a submitted job joins its cluster, a laptop starts a local one)."""
+    """The run's stages on Ray (a submitted job joins its cluster, a laptop starts a local one),
+    joined when the first stage that is not done yet starts: an invocation that finds the run
+    finished (to write its report again) starts no cluster, and leaves `logs/ray` pointing at
+    the session whose workers ran the stages."""
     from leakray.executor.runtime import ensure_ray
 
-    ensure_ray(cfg.ray.address, verbose=console.verbose, log_dir=store.local / "logs")
-    return StageRunner(store.local, console, store)
+    def join() -> None:
+        ensure_ray(cfg.ray.address, verbose=console.verbose, log_dir=store.local / "logs")
+
+    return StageRunner(store.local, console, store, before_work=join)
 
 
 def time_line(ran_now: dict[str, dict], total_s: float, machine: dict | None = None, top: int = 3) -> str:
