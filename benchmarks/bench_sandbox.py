@@ -6,7 +6,15 @@ Prints executions/second for both on HumanEval canonical solutions, their ratio 
 and per-run latencies, one run at a time: the warm path (fork from a preloaded interpreter in
 a long-lived bwrap), a cold interpreter in its own bwrap, the same cold harness with rlimits
 only (their difference is the isolation layer's cost), and a bare `bwrap /bin/true`.
-A measurement, not a test."""
+A measurement, not a test.
+
+    python benchmarks/bench_sandbox.py --batches [--n 164] [--batch 8] [--workers 4]
+
+The perturb stage's proofs (each task's reference and its AdvPrompt variants, ~1,970 programs
+for HumanEval) through one Sandbox the way the stages call it, one `run_many` per batch of
+tasks, side by side: zygotes started from the borrowing thread (before: they died with each
+batch's thread pool, `sandbox/warm.py`) against started from the pool's own thread (now), and
+all in one call. Prints wall, the machine's busy CPU seconds and the zygotes started."""
 
 from __future__ import annotations
 
@@ -75,11 +83,16 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=164, help="HumanEval tasks per measurement")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--runs", type=int, default=30, help="sequential runs for the overhead medians")
+    ap.add_argument("--batches", action="store_true", help="the proofs in batches, zygotes before and now")
+    ap.add_argument("--batch", type=int, default=8, help="tasks per run_many call (--batches)")
     args = ap.parse_args()
 
     from leakray.data.humaneval import read_humaneval
 
     tasks = read_humaneval()[:args.n]
+    if args.batches:
+        _batches(tasks, args.batch, args.workers)
+        return
     # interleave the two so background load hits both alike
     ours, theirs = [], []
     for _ in range(2):
@@ -98,6 +111,57 @@ def main() -> None:
     print(f"per run, sequential medians: warm zygote in bwrap {warm:.1f} ms; cold interpreter in its own bwrap "
           f"{cold:.1f} ms vs rlimits only {bare:.1f} ms, so the isolation layer costs {cold - bare:.1f} ms "
           f"(bare `bwrap /bin/true`: {_bwrap_true_ms(args.runs):.1f} ms)")
+
+
+def _borrow_in_caller(pool):
+    """ZygotePool.borrow as it was: a new zygote started from the borrowing thread."""
+    with pool._lock:
+        while pool._idle:
+            z = pool._idle.pop()
+            if z.alive():
+                return z
+            z.close()
+    return pool._make()
+
+
+def _batches(tasks, batch: int, workers: int) -> None:
+    import sys
+    from pathlib import Path
+
+    from leakray.perturb.core import KINDS, variants_of
+    from leakray.perturb.keep import keep_variants
+    from leakray.sandbox import Sandbox, SandboxConfig
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from cpu_by_process import machine_busy_idle
+
+    variants = [variants_of(t, 0, KINDS) for t in tasks]
+    n = len(tasks) + sum(len(v) for v in variants)
+    arms = [("zygotes from the borrowing thread (before)", batch, True),
+            ("zygotes from the pool's own thread (now)", batch, False),
+            ("all tasks in one run_many", len(tasks), False)]
+    print(f"{n} programs (references and AdvPrompt variants of {len(tasks)} tasks), {workers} threads")
+    print(f"{'arm':<46}{'tasks/call':>11}{'wall s':>8}{'busy CPU s':>12}{'zygotes':>9}{'kept':>6}")
+    for name, size, in_caller in arms:
+        sb = Sandbox(SandboxConfig(timeout_s=10))
+        if sb._zygotes is None:
+            raise SystemExit(f"no warm path here (isolation {sb.isolation}, root and bubblewrap needed)")
+        started, make = [0], sb._zygotes._make
+
+        def counted():
+            started[0] += 1
+            return make()
+
+        sb._zygotes._make = counted
+        if in_caller:
+            sb._zygotes.borrow = lambda pool=sb._zygotes: _borrow_in_caller(pool)
+        busy, t0 = machine_busy_idle()[0], time.perf_counter()
+        checks = [c for i in range(0, len(tasks), size)
+                  for row in keep_variants(tasks[i:i + size], variants[i:i + size], sb, workers=workers) for c in row]
+        wall, busy = time.perf_counter() - t0, machine_busy_idle()[0] - busy
+        sb.close()
+        kept = sum(c.kept for c in checks)
+        print(f"{name:<46}{size:>11}{wall:>8.1f}{busy:>12.1f}{started[0]:>9}{kept:>6}")
 
 
 if __name__ == "__main__":

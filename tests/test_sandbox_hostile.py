@@ -708,6 +708,27 @@ def test_patching_unittest_does_not_pass(sb, patch):
     assert_not_passed(run(sb, GOOD + "import unittest\n" + patch + "\n", tests, runner="unittest"))
 
 
+def test_warm_zygotes_outlive_the_threads_that_borrowed_them():
+    """The stages call run_many once per batch, and its worker threads end with each call; the
+    zygotes those threads borrowed must not end with them (bwrap's --die-with-parent fires when
+    the *thread* that started a process ends). Three batches are served by the first's zygotes."""
+    box = Sandbox(SandboxConfig(timeout_s=20))
+    if box._zygotes is None:
+        box.close()
+        pytest.skip("the warm path needs root and bubblewrap")
+    started, make = [], box._zygotes._make
+    box._zygotes._make = lambda: started.append(1) or make()
+    reqs = [{X.ID: str(i), X.LANGUAGE: "python", X.PROGRAM: GOOD, X.TESTS: TESTS} for i in range(6)]
+    try:
+        for _ in range(3):
+            assert [r[X.STATUS] for r in box.run_many(reqs, workers=2)] == ["passed"] * 6
+            time.sleep(0.2)  # a parent-death signal, had one been sent, has landed
+            assert box._zygotes._idle and all(z.alive() for z in box._zygotes._idle)
+        assert len(started) <= 2  # one per worker thread, once
+    finally:
+        box.close()
+
+
 def test_nothing_of_one_run_survives_into_the_next(bwrap):
     # one worker, so both runs share a warm zygote when there is one
     daemon = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"

@@ -10,6 +10,7 @@ import signal
 import struct
 import subprocess
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from leakray.sandbox import isolation as iso
 
@@ -62,10 +63,20 @@ class Zygote:
 
 
 class ZygotePool:
-    """Idle zygotes; a run borrows one, so concurrency is bounded by the callers' threads."""
+    """Idle zygotes; a run borrows one, so concurrency is bounded by the callers' threads.
+
+    Zygotes are started from one thread of the pool's own that lives as long as the pool, never
+    from the borrowing thread: bwrap's `--die-with-parent` is the kernel's parent-death signal,
+    which fires when the *thread* that started the process ends, not the process. Started from
+    `run_many`'s short-lived worker threads, every zygote was killed as its batch's thread pool
+    shut down, and a stage calling `run_many` once per batch paid a zygote start (an interpreter
+    importing pytest and numpy) and a cold run per worker thread per batch: 84 zygotes for 21
+    batches of the perturb stage's proofs, 63 busy CPU s instead of 38
+    (`benchmarks/bench_sandbox.py --batches`)."""
 
     def __init__(self, make):
         self._make, self._idle, self._lock = make, [], threading.Lock()
+        self._starter: ThreadPoolExecutor | None = None
 
     def borrow(self) -> Zygote:
         with self._lock:
@@ -74,7 +85,10 @@ class ZygotePool:
                 if z.alive():
                     return z
                 z.close()
-        return self._make()
+            if self._starter is None:
+                self._starter = ThreadPoolExecutor(1, thread_name_prefix="leakray-zygotes")
+            starter = self._starter
+        return starter.submit(self._make).result()
 
     def give_back(self, z: Zygote) -> None:
         if z.alive():
@@ -84,5 +98,8 @@ class ZygotePool:
     def close(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, []
+            starter, self._starter = self._starter, None
         for z in idle:
             z.close()
+        if starter is not None:  # its thread ends: a zygote still borrowed dies with it
+            starter.shutdown(wait=False)
