@@ -1,6 +1,7 @@
 """What every protocol does around its stages: a content-addressed run directory (staged here,
 mirrored to a URI when the output is one) with its config and logs, then a `StageRunner` that
-starts (or joins) Ray before the first stage it has to run. A protocol is then only its list of `StageSpec`s."""
+starts (or joins) Ray before the first stage it has to run. A protocol is then only its list of
+`StageSpec`s."""
 
 from __future__ import annotations
 
