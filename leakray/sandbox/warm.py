@@ -71,8 +71,8 @@ class ZygotePool:
     `run_many`'s short-lived worker threads, every zygote was killed as its batch's thread pool
     shut down, and a stage calling `run_many` once per batch paid a zygote start (an interpreter
     importing pytest and numpy) and a cold run per worker thread per batch: 84 zygotes for 21
-    batches of the perturb stage's proofs, 63 busy CPU s instead of 38
-    (`benchmarks/bench_sandbox.py --batches`)."""
+    batches of the perturb stage's proofs, 61 busy CPU s instead of 37
+    (`benchmarks/bench_sandbox.py --batches --workers 4`)."""
 
     def __init__(self, make):
         self._make, self._idle, self._lock = make, [], threading.Lock()
