@@ -119,6 +119,29 @@ def test_console_last_line_says_what_was_read(planted, tmp_path, capsys):
     assert "documents" in last and "humaneval" in last and str(out) in last
 
 
+def test_a_benchmark_is_named_by_name_file_or_name_and_path(tmp_path, capsys):
+    """`--benchmark humaneval` screens leakray's packaged copy (as `benchmarks validate` and
+    `perturb` take it), a bare file is named for its stem; a name without a copy, or nothing
+    that exists, is refused at the command line with what to give instead."""
+    from leakray.cli import main
+    from leakray.data.humaneval import packaged_path
+
+    fix = Path(__file__).parent / "fixtures" / "screen"
+    out = tmp_path / "out"
+    assert main(["screen", "--benchmark", "humaneval", "--benchmark", str(fix / "mbpp.jsonl"),
+                 "--corpus", str(fix / "corpus"), "--output", str(out), "--engine", "local"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["benchmarks"]) == {"humaneval", "mbpp"}
+    he = summary["benchmarks"]["humaneval"]
+    assert he["path"] == str(packaged_path()) and he["n_samples"] == 164  # the packaged HumanEval, whole
+    assert he["leaked_task_ids"] == ["HumanEval/0"]  # the corpus holds a copy of HumanEval/0
+    assert (out / he["clean_export"]).exists() and summary["benchmarks"]["mbpp"]["n_samples"] == 3
+    for bad, says in (("mbpp", "mbpp=PATH"), ("nope", "neither NAME=PATH, a file, nor a registered benchmark")):
+        with pytest.raises(SystemExit):
+            main(["screen", "--benchmark", bad, "--corpus", str(fix / "corpus"), "--output", str(out)])
+        assert says in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------- chance matches
 
 

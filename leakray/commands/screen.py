@@ -9,10 +9,29 @@ from leakray.commands import add_command
 
 
 def _bench(spec: str) -> tuple[str, str]:
+    """(name, file) from NAME=PATH, a file (named for its stem), or a benchmark leakray has a copy
+    of (humaneval): the same specs `leakray benchmarks validate` and `leakray perturb` take. The
+    screen needs the file itself, not only its tasks: it digests it and writes its cleaned copy."""
+    import os
+
     name, sep, path = spec.partition("=")
-    if not sep or not name or not path:
-        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {spec!r}")
-    return name, path
+    if sep and not os.path.exists(spec):
+        if not name or not path:
+            raise argparse.ArgumentTypeError(f"expected NAME=PATH, a file or a benchmark name, got {spec!r}")
+        return name, path
+    if os.path.isfile(spec):
+        return os.path.basename(spec).split(".", 1)[0] or spec, spec
+    from leakray.data.registry import READERS, benchmark_path
+    from leakray.errors import BadInput
+
+    if spec in READERS:
+        try:
+            return spec, benchmark_path(spec)
+        except BadInput:
+            raise argparse.ArgumentTypeError(f"benchmark {spec!r} has no packaged copy; give its file: "
+                                             f"{spec}=PATH") from None
+    raise argparse.ArgumentTypeError(f"{spec!r} is neither NAME=PATH, a file, nor a registered benchmark "
+                                     f"({', '.join(sorted(READERS))})")
 
 
 def _parts(spec: str) -> tuple[str, ...]:
@@ -27,8 +46,9 @@ def _parts(spec: str) -> tuple[str, ...]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from leakray.screen.parts import PARTS
 
-    p.add_argument("--benchmark", action="append", type=_bench, required=True, metavar="NAME=PATH",
-                   help="a benchmark file (any format the readers accept); repeat for several")
+    p.add_argument("--benchmark", action="append", type=_bench, required=True, metavar="NAME=PATH|FILE|NAME",
+                   help="a benchmark: NAME=PATH (any format the readers accept), a file (named for its stem), "
+                        "or the name of one leakray has a copy of (humaneval); repeat for several")
     p.add_argument("--corpus", required=True, metavar="PATH_OR_GLOB",
                    help="a directory (recursive), a file or a glob: code, text, markdown, notebooks, JSON, JSONL, "
                         "parquet/Arrow shards, any of them .gz/.zst/.bz2/.xz; other files are sniffed, and "
