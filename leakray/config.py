@@ -476,11 +476,28 @@ def _need_modules(modules, extra: str, why: str) -> None:
         raise ValueError(f"{why} needs {', '.join(missing)}: pip install 'leakray[{extra}]'")
 
 
+# What a local model directory must hold for leakray to load it (models.hf_sampler, features.embed):
+# a config (a peft adapter's names its base) and a tokenizer, both read from the directory itself.
+MODEL_CONFIG_FILES = ("config.json", "adapter_config.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model",
+                   "spiece.model")
+
+
 def check_model_ref(ref: str, key: str) -> str:
-    """A local directory, or a Hugging Face id that can be loaded here (offline: from the cache)."""
+    """A local model directory, or a Hugging Face id that can be loaded here (offline: from the
+    cache). A directory that is not a model is refused here, before any stage runs: found only when
+    a collection's actors load it, it cost an audit its shadow and card first."""
     looks_local = ref.startswith(("/", ".", "~"))
     path = Path(ref).expanduser()
     if path.exists():
+        if not path.is_dir():
+            raise ValueError(f"{ref!r} is a file; a model is a directory (config.json, weights, tokenizer)")
+        if not any((path / f).is_file() for f in MODEL_CONFIG_FILES):
+            raise ValueError(f"{ref!r} is a directory but not a Hugging Face model: it has no config.json "
+                             "(nor adapter_config.json, for a peft adapter)")
+        if not any((path / f).is_file() for f in TOKENIZER_FILES):
+            raise ValueError(f"{ref!r} has no tokenizer (tokenizer.json or tokenizer_config.json); save the "
+                             f"model's tokenizer beside it: tokenizer.save_pretrained({ref!r})")
         return ref
     if looks_local or ref.count("/") > 1:
         raise ValueError(f"{ref!r} is neither an existing directory nor a Hugging Face model id")

@@ -1,5 +1,6 @@
 import json
 import os
+from pathlib import Path
 
 import pytest
 import yaml
@@ -9,6 +10,8 @@ from leakray.config import DEFAULT, SimulateConfig, load_config, to_stage
 from leakray.errors import BadInput
 from leakray.models.finetune import FinetuneConfig
 from leakray.runs import Stage, StageRunner, StageSpec, content_hash
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 def test_packaged_yaml_agrees_with_the_typed_defaults():
@@ -80,6 +83,9 @@ BAD_SETTINGS = [
     (["sample.top_p=1.5"], "sample.top_p", "less than or equal to 1"),
     (["sample.dtype=bf16"], "sample.dtype", "'bfloat16'"),
     (["detect.threshold_rule=target_median"], "detect.threshold_rule", "shadow_max_mcc"),
+    # a local path that is not a model: refused here, not when a collection's actors load it
+    ([f"columns.reference_model={FIXTURES}"], "columns.reference_model", "no config.json"),
+    ([f"model.base={FIXTURES / 'screen' / 'mbpp.jsonl'}"], "model.base", "is a file"),
 ]
 
 
@@ -94,6 +100,16 @@ def test_bad_settings_get_one_line_before_any_stage(overrides, key, hint, tmp_pa
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert key in err and hint in err, err
     assert not (tmp_path / "runs").exists()  # refused before a run directory, let alone a stage
+
+
+def test_an_audit_target_without_a_tokenizer_is_refused_before_any_stage(tmp_path, capsys):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "gpt2"}')
+    assert main(["audit", "--target", str(model), "--output", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "has no tokenizer" in err and "tokenizer.save_pretrained" in err and "Traceback" not in err, err
+    assert not (tmp_path / "runs").exists()
 
 
 def test_content_hash_ignores_key_order_and_sees_values():

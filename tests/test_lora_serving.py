@@ -15,6 +15,8 @@ from conftest import CharTokenizer
 
 from leakray.models.finetune import FinetuneConfig, finetune
 from leakray.models.sampler import SampleConfig
+
+STAND_IN = Path(__file__).resolve().parent / "fixtures" / "model_dir_stand_in"  # config.json + tokenizer, no weights
 from leakray.models.vllm_sampler import sampling_source
 from leakray.schema import C, T
 
@@ -168,9 +170,10 @@ def _sample_through_stage(table, path, ccfg):
 def _simulate_cfg(**sample):
     from leakray.config import SimulateConfig
 
-    # a non-GPT-2 base (vLLM serves no LoRA over GPT-2): any existing directory passes the config's check
+    # a non-GPT-2 base (vLLM serves no LoRA over GPT-2): a directory shaped like a model (config and
+    # tokenizer files) passes the config's check; the stand-in engines never load it
     return SimulateConfig.model_validate({
-        "model": {"base": str(Path(__file__).resolve().parent / "fixtures")},
+        "model": {"base": str(STAND_IN)},
         "sample": {"backend": "vllm", "k": 2, "max_model_len": 256, **sample},
         "target": {"method": "lora"}, "shadow": {"method": "lora"},
         "columns": {"advprompt": False, "upper_case": True, "reference_model": None},
@@ -269,7 +272,7 @@ def test_gpt2_base_with_an_adapter_asks_for_merge_adapters(strict_vllm, tiny_lm,
     assert _StrictLLM.made == []
 
 
-def test_vllm_lora_over_the_tiny_gpt2_base_is_refused_by_the_config(monkeypatch, tmp_path):
+def test_vllm_lora_over_the_tiny_gpt2_base_is_refused_by_the_config(monkeypatch):
     import leakray.config as config
 
     monkeypatch.setattr(config, "_need_modules", lambda *a: None)  # vllm itself is not installed on CPU
@@ -277,5 +280,5 @@ def test_vllm_lora_over_the_tiny_gpt2_base_is_refused_by_the_config(monkeypatch,
         config.SimulateConfig(sample={"backend": "vllm"}, shadow={"method": "lora"})
     ok = config.SimulateConfig(sample={"backend": "vllm", "merge_adapters": True}, shadow={"method": "lora"})
     assert ok.sample.merge_adapters
-    assert config.SimulateConfig(sample={"backend": "vllm"}, model={"base": str(tmp_path)},
+    assert config.SimulateConfig(sample={"backend": "vllm"}, model={"base": str(STAND_IN)},
                                  shadow={"method": "lora"}).shadow.method == "lora"
