@@ -317,3 +317,50 @@ def test_the_pretraining_corpus_is_tokenized_once_per_corpus_and_vocabulary(tmp_
     assert int((ids == tok.eos_token_id).sum()) >= 1  # files separated by EOS
     corpus_tokens(TinyLMConfig(vocab_size=320, corpus_mb=0.05))  # another vocabulary: its own entry
     assert len(list(tmp_path.glob("corpus-tokens-*"))) == 2
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.01])
+def test_fused_adam_gives_torchs_fused_adam_weights_to_the_bit(weight_decay):
+    from leakray.models.kernels import FusedAdam
+
+    def net():
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(27, 64), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(64, 2),
+                                torch.nn.Linear(2, 2))
+        m[4].weight.requires_grad_(False)  # a frozen parameter: neither optimiser touches it
+        return m
+
+    ours, theirs = net(), net()
+    opts = {id(ours): FusedAdam(ours.parameters(), lr=3e-3, weight_decay=weight_decay),
+            id(theirs): torch.optim.Adam(theirs.parameters(), lr=3e-3, weight_decay=weight_decay, fused=True)}
+    x, y = torch.randn(48, 27), torch.randint(0, 2, (48,))
+    for step in range(40):
+        for m in (ours, theirs):
+            torch.manual_seed(step)  # the same dropout masks
+            rows = slice(step % 40, step % 40 + 8)
+            loss = torch.nn.functional.cross_entropy(m(x[rows]), y[rows])
+            opts[id(m)].zero_grad(set_to_none=step % 3 != 0)
+            loss.backward()
+            if step % 7 == 3:
+                m[0].bias.grad = None  # a parameter without a gradient this step is left alone
+            opts[id(m)].step()
+    assert all(torch.equal(a, b) for a, b in zip(ours.parameters(), theirs.parameters()))
+    assert not torch.equal(ours[0].weight, net()[0].weight)  # it trained
+
+
+def test_the_detectors_optimiser_does_not_import_torchs_compiler():
+    """torch.optim's Optimizer imports torch._dynamo (and sympy) at its first use: seconds of CPU
+    in every process that fits a detector, for a compiler leakray never calls."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\n"
+            "from leakray.models.kernels import adam\n"
+            "net = torch.nn.Linear(4, 2)\n"
+            "opt = adam(net.parameters(), lr=1e-3)\n"
+            "torch.nn.functional.cross_entropy(net(torch.randn(8, 4)), torch.zeros(8, dtype=torch.long)).backward()\n"
+            "opt.step()\n"
+            "opt.zero_grad()\n"
+            "print('torch._dynamo' in sys.modules, 'sympy' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False"], out
