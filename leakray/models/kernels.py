@@ -43,8 +43,8 @@ class FusedAdam:
     Optimizer wraps construction, `step` and `zero_grad` in `torch._disable_dynamo`, whose first
     call imports torch._dynamo (and sympy): 1.4-2.4 CPU s in every process that fits a detector
     and loads no transformers model (a detect stage's Ray workers, its driver), for a compiler
-    leakray never uses; and each step pays its hooks and profiler records (~0.1 ms, a twentieth
-    of AdvPrompt-MIA's step at batch 4). `benchmarks/bench_adam.py` measures both, side by side."""
+    leakray never uses; and each step pays its hooks and profiler records (~0.35 ms, a sixth of
+    AdvPrompt-MIA's step at batch 4). `benchmarks/bench_adam.py` measures both, side by side."""
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0):
