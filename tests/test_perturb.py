@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import SHARED_BENCHMARKS
+from conftest import JAVAC_ONE_CORE, SHARED_BENCHMARKS
 
 from leakray.data.tasks import continuation, make_task, program_of
 from leakray.perturb import KINDS, SLOTS, NotApplicable, Variant, perturb, perturb_task, variants_of
@@ -261,12 +261,8 @@ def _javac_all(programs: list[tuple[str, str, str]], workdir: Path) -> dict[str,
             files.append(str(pkg / name))
     argfile = workdir / "sources.txt"
     argfile.write_text("\n".join(files))
-    # javac's JIT at C1 only, serial GC: the same 19-20 s for this compile with half the CPU (18.6
-    # against 36.5 user s; C2's compiler threads and the parallel GC kept the second core busy for
-    # nothing but themselves), as the sandbox runs javac (sandbox/runners._jvm_flags)
-    proc = subprocess.run(["javac", "-J-XX:+UseSerialGC", "-J-XX:TieredStopAtLevel=1", "-proc:none", "-nowarn",
-                           "-Xmaxerrs", "100000", "-encoding", "UTF-8", "-d", str(workdir / "out"), f"@{argfile}"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(["javac", *JAVAC_ONE_CORE, "-proc:none", "-nowarn", "-Xmaxerrs", "100000", "-encoding",
+                           "UTF-8", "-d", str(workdir / "out"), f"@{argfile}"], capture_output=True, text=True)
     errors: dict[str, str] = {}
     for m in re.finditer(r"/(p\d+)/\w+\.java:\d+: error: ([^\n]*)", proc.stderr):
         errors.setdefault(labels[m.group(1)], m.group(2))

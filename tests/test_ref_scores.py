@@ -18,7 +18,7 @@ from types import SimpleNamespace as NS
 
 import numpy as np
 import pytest
-from conftest import SHARED_BENCHMARKS, CharTokenizer
+from conftest import JAVAC_ONE_CORE, SHARED_BENCHMARKS, CharTokenizer
 import torch
 
 from leakray.data.tasks import continuation, generation_prompt, program_of
@@ -385,9 +385,7 @@ def test_uppercase_java_humaneval_x_compiles(tmp_path):
             files.append(str(pkg / name))
     assert changed == 164
     (tmp_path / "sources.txt").write_text("\n".join(files))
-    # C1-only, serial GC: the same wall time for one big compile, half the CPU (tests/test_perturb.py)
-    proc = subprocess.run(["javac", "-J-XX:+UseSerialGC", "-J-XX:TieredStopAtLevel=1", "-proc:none", "-nowarn",
-                           "-encoding", "UTF-8", "-d", str(tmp_path / "out"), f"@{tmp_path / 'sources.txt'}"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(["javac", *JAVAC_ONE_CORE, "-proc:none", "-nowarn", "-encoding", "UTF-8", "-d",
+                           str(tmp_path / "out"), f"@{tmp_path / 'sources.txt'}"], capture_output=True, text=True)
     errors = {labels[m.group(1)] for m in re.finditer(r"/(p\d+)/\w+\.java:\d+: error", proc.stderr)}
     assert proc.returncode == 0, (sorted(errors)[:10], proc.stderr[-1500:])

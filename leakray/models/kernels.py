@@ -60,7 +60,6 @@ class FusedAdam:
         self.lr, self.betas, self.eps, self.weight_decay = float(lr), (float(betas[0]), float(betas[1])), float(eps), \
             float(weight_decay)
         self._state: dict[int, tuple] = {}  # index -> (step, exp_avg, exp_avg_sq), made at the first step (as torch)
-        self._torch = torch
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
@@ -76,7 +75,8 @@ class FusedAdam:
                 p.grad.zero_()
 
     def step(self) -> None:
-        torch = self._torch
+        import torch
+
         live = [i for i, p in enumerate(self.params) if p.grad is not None]
         if not live:
             return
