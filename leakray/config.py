@@ -372,6 +372,10 @@ class SimulateConfig(Section):
     detect: DetectConfig = Field(default_factory=DetectConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     output_dir: str = "runs"
+    # adopt the finished stages of other runs in output_dir that were made from the same inputs (the
+    # settings each stage reads: protocols/stage_keys.py), e.g. the fine-tunes and collections of a
+    # run that differed only in its detectors; false (`--no-reuse`): every stage of a new run runs
+    reuse_stages: bool = True
 
     @model_validator(mode="after")
     def _extras(self):
@@ -391,7 +395,7 @@ class SimulateConfig(Section):
 
     def hashed(self) -> dict:
         """What a run's outputs depend on: everything but where and how fast it runs."""
-        return self.model_dump(exclude={"output_dir", "ray"})
+        return self.model_dump(exclude={"output_dir", "ray", "reuse_stages"})
 
 
 class AuditSection(Section):

@@ -29,8 +29,10 @@ class Console:
         print(f"[leakray] WARNING: {msg}", file=self.stream, flush=True)
         LOG.warning(msg)
 
-    def stage(self, name: str, info: dict, summary: str, cached: bool) -> None:
-        when = "done before" if cached else f"{info.get('seconds', 0):.1f} s"
+    def stage(self, name: str, info: dict, summary: str, cached: bool | str) -> None:
+        """One line per stage; ``cached``: True (done by an earlier invocation), "reused" (adopted
+        from another run now), False (run now)."""
+        when = "reused" if cached == "reused" else "done before" if cached else f"{info.get('seconds', 0):.1f} s"
         self.say(f"{name:<15} {when:>11}  {summary}".rstrip())
         errors = {k: v for k, v in (info.get("errors") or {}).items() if v and any(w in k for w in SERIOUS)}
         if errors and not cached:

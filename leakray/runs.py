@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 MARKER = "_DONE.json"
+STAGE_KEY = "stage_key"  # a keyed stage's marker records its key: what another run looks it up by
 KILL_ENV = "LEAKRAY_KILL_IN_STAGE"  # tests only: see kill_point
 # Every stage's marker carries these (datatrove-style stats), so reports read them generically.
 STAT_DEFAULTS = {"rows_in": None, "rows_out": None, "errors": {}, "parse_failures": {}}
@@ -149,6 +150,12 @@ class StageSpec:
     name: str
     run: Callable[[Path], dict]
     summary: Callable[[dict], str] = lambda info: ""
+    # What the stage's outputs depend on, as a content key (the settings it reads, its inputs' keys,
+    # the benchmark's content: `protocols.stage_keys`). A finished stage of the same name and key
+    # in another run of the same output directory is adopted instead of run again (`StageRunner`),
+    # so a run that changes only what later stages read starts where the change starts. None:
+    # never adopted (a stage that reads everything, or whose inputs cannot be keyed).
+    key: str | None = None
 
 
 @dataclass
@@ -191,11 +198,15 @@ class StageRunner:
     A stage with a marker is skipped (its recorded info is returned), so a killed run resumes
     at the first unfinished stage and never writes a finished one twice."""
 
-    def __init__(self, run_dir: Path, console, store=None, before_work: Callable[[], None] | None = None):
+    def __init__(self, run_dir: Path, console, store=None, before_work: Callable[[], None] | None = None,
+                 reuse: bool = True):
         """``store``: the run's `storage.RunStore` when it is mirrored to a URI (pushed after each stage).
         ``before_work``: called once, before the first stage that is not done yet (joining the
-        cluster the stages run on): an invocation that finds every stage done never calls it."""
+        cluster the stages run on): an invocation that finds every stage done never calls it.
+        ``reuse``: adopt a keyed stage another run of the same output directory finished
+        (`StageSpec.key`); False runs every stage this run lacks."""
         self.run_dir, self.console, self.store = Path(run_dir), console, store
+        self.reuse = reuse
         self.info: dict[str, dict] = {}
         self.ran: list[str] = []  # the stages this invocation ran (the others were already done)
         self._push_lock = threading.Lock()
@@ -219,6 +230,13 @@ class StageRunner:
     def run_one(self, spec: StageSpec) -> dict:
         stage = Stage(self.run_dir, spec.name)
         cached = stage.done
+        donor = None if cached or not (spec.key and self.reuse) else find_donor(self.run_dir, spec.name, spec.key)
+        if donor is not None:  # another run finished this very stage: its outputs, no work
+            adopt(donor, stage)
+            cached = "reused"
+            if self.store is not None:
+                with self._push_lock:
+                    self.store.push()
         if not cached:
             with self._ready_lock:  # stages run `Together` start at once: one of them calls it
                 if self._before_work is not None:
@@ -228,11 +246,66 @@ class StageRunner:
             stage.start()
             kill_point(stage)
             stats = {**STAT_DEFAULTS, **(spec.run(stage.dir) or {})}
+            if spec.key:
+                stats[STAGE_KEY] = spec.key
             stage.finish(**stats)
             self.ran.append(spec.name)
             if self.store is not None:
                 with self._push_lock:  # stages run `Together` finish in any order
                     self.store.push()
         info = stage.info()
-        self.console.stage(spec.name, info, spec.summary(info), cached)
+        summary = spec.summary(info)
+        if donor is not None:
+            summary = f"{summary} (reused from {donor.parent.name})".lstrip()
+        self.console.stage(spec.name, info, summary, cached)
         return info
+
+
+def find_donor(run_dir: Path, name: str, key: str) -> Path | None:
+    """A finished stage ``name`` with the content key ``key`` in another run beside ``run_dir``
+    (the same output directory), or None."""
+    run_dir = Path(run_dir).resolve()
+    for marker in sorted(run_dir.parent.glob(f"*/{name}/{MARKER}")):
+        if marker.parent.parent.resolve() == run_dir:
+            continue
+        try:
+            info = json.loads(marker.read_text())
+        except (OSError, ValueError):  # a marker being written, or not ours: not a donor
+            continue
+        if isinstance(info, dict) and info.get(STAGE_KEY) == key:
+            return marker.parent
+    return None
+
+
+def adopt(donor: Path, stage: "Stage") -> None:
+    """Make ``stage`` the finished ``donor``: its files hard-linked (copied across file systems),
+    its marker last, with paths into the donor's run moved to this run and ``reused_from`` added.
+    Linking is safe because a finished stage's files are never written again (markers and
+    reports are replaced, not rewritten in place); a kill before the marker leaves a partial
+    stage that the next attempt clears."""
+    import shutil
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:  # another file system, or links not allowed
+            shutil.copy2(src, dst)
+
+    clear_partial(stage.dir)
+    shutil.copytree(donor, stage.dir, symlinks=True, dirs_exist_ok=True, copy_function=link,
+                    ignore=shutil.ignore_patterns(MARKER, "partial.tmp"))
+    info = json.loads((donor / MARKER).read_text())
+    src, dst = str(donor.parent.resolve()), str(stage.dir.parent.resolve())
+
+    def moved(v: Any) -> Any:
+        if isinstance(v, str):
+            return dst + v[len(src):] if v == src or v.startswith(src + os.sep) else v
+        if isinstance(v, list):
+            return [moved(x) for x in v]
+        if isinstance(v, dict):
+            return {k: moved(x) for k, x in v.items()}
+        return v
+
+    info = moved(info)
+    info["reused_from"] = donor.parent.name
+    write_json_atomic(stage.marker, info)

@@ -3,6 +3,7 @@ and resumed, then the same audit again from its card with no fine-tuning). A mod
 the tests on the real head run on one xdist worker, one after another (conftest.py)."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -76,6 +77,18 @@ def test_audit_end_to_end_then_reuse_card(ray_head, tmp_path, leakray_cache):
     assert "Time by stage (wall, in the invocation that ran it; the machine's CPUs busy over it): " \
         in (run / "report.md").read_text()
     assert f"torch's CPU kernels **{report['environment']['torch_cpu_capability']}**" in (run / "report.md").read_text()
+
+    # another report setting is another audit, but no stage reads it: every stage is adopted from the
+    # run above (its files, no work, no cluster started) and only the report is made anew
+    audit(*corpus, "--set", "audit.fdr=0.2")
+    (again,) = [d for d in out.glob("audit-*") if d != run]
+    assert {p.parent.name: json.loads(p.read_text())["reused_from"] for p in again.glob("*/_DONE.json")} \
+        == dict.fromkeys((p.parent.name for p in run.glob("*/_DONE.json")), run.name)
+    assert not (again / "logs" / "ray").exists()
+    r_again = json.loads((again / "report.json").read_text())["summary"]
+    same = ("estimate", "ci", "route")
+    assert [r_again["leaked_fraction"][k] for k in same] == [lf[k] for k in same]
+    shutil.rmtree(again)  # the card reuse below finds one audit beside the first
 
     # the card reused on a given target (the planted model, by path) over 8 of the tasks: no shadow,
     # no detector fitting, and per task the very scores the card-building audit gave (a second

@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ from leakray.cli import main
 from leakray.config import DEFAULT, SimulateConfig, load_config, to_stage
 from leakray.errors import BadInput
 from leakray.models.finetune import FinetuneConfig
-from leakray.runs import Stage, StageRunner, StageSpec, content_hash
+from leakray.runs import Stage, StageRunner, StageSpec, Together, content_hash
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -292,3 +293,94 @@ def test_a_stage_marker_gives_the_stage_wall_time_and_keeps_the_runs_own(tmp_pat
 
     info = StageRunner(tmp_path, _Quiet()).run([StageSpec("fit", run)])["fit"]
     assert info["seconds"] >= 0.3 and info["run_seconds"] == 0.01
+
+
+def test_a_keyed_stage_another_run_finished_is_adopted_not_run(tmp_path):
+    """Two runs in one output directory: the second adopts the first's keyed stage (its files, its
+    marker with paths moved to the new run), runs its unkeyed one, and runs a stage whose key
+    differs; with reuse off it runs everything. The adopted files outlive the donor run."""
+    calls = []
+
+    def make(name):
+        def run(out):
+            calls.append((out.parent.name, name))
+            (out / "model").mkdir()
+            (out / "model" / "weights.bin").write_bytes(b"w" * 100)
+            return {"model": str(out / "model"), "paths": [str(out.parent / "other" / "x")], "rows_out": 7}
+        return run
+
+    def stages(key_b="kb"):
+        return [StageSpec("a", make("a"), key="ka"), Together((StageSpec("b", make("b"), key=key_b),)),
+                StageSpec("detect", make("detect"))]
+
+    out = tmp_path / "runs"
+    first = StageRunner(out / "run1", _Quiet()).run(stages())
+    assert first["a"]["stage_key"] == "ka" and "stage_key" not in first["detect"]
+    console = _Quiet()
+    second = StageRunner(out / "run2", console).run(stages())
+    assert calls == [("run1", "a"), ("run1", "b"), ("run1", "detect"), ("run2", "detect")]
+    assert second["a"]["reused_from"] == "run1" and second["b"]["reused_from"] == "run1"
+    assert second["a"]["model"] == str((out / "run2" / "a" / "model").resolve())  # moved to this run
+    assert second["a"]["paths"] == [str((out / "run2" / "other" / "x").resolve())]
+    assert second["a"]["rows_out"] == 7 and "reused_from" not in second["detect"]
+    assert ("a", "reused", "(reused from run1)") in console.lines
+    shutil.rmtree(out / "run1")
+    assert (out / "run2" / "a" / "model" / "weights.bin").read_bytes() == b"w" * 100
+    StageRunner(out / "run3", _Quiet()).run(stages(key_b="other"))  # "a" from run2 (run1 is gone), "b" anew
+    assert calls[4:] == [("run3", "b"), ("run3", "detect")]
+    StageRunner(out / "run4", _Quiet(), reuse=False).run(stages())
+    assert calls[6:] == [("run4", "a"), ("run4", "b"), ("run4", "detect")]
+
+
+# (setting, stages of the simulate protocol whose key it changes): the detectors' own settings reach
+# no stage before detect; what a stage reads changes its key, and the keys of the stages after it
+SIMULATE_KEYS = [
+    ("detect.seeds=[0,1]", set()), ("detect.bootstrap=10", set()), ("detect.threshold_rule=shadow_fpr:0.05", set()),
+    ("ray.sample_actors=1", set()), ("reuse_stages=false", set()),
+    ("sample.k=3", {"perturb", "collect_shadow", "collect_target"}),
+    ("embed.batch_size=4", {"perturb", "collect_shadow", "collect_target"}),
+    ("columns.upper_case=false", {"perturb", "collect_shadow", "collect_target"}),
+    # which passes a collection makes follows the requested detectors
+    ("detect.detectors=[min_k,ref_loss]", {"perturb", "collect_shadow", "collect_target"}),
+    ("target.epochs=3", "all"), ("model.base=tiny-alt", "all"), ("benchmark.fold_seed=5", "all"),
+    ("leak.member_fraction=0.2", "all"),
+]
+
+
+@pytest.mark.parametrize("setting,changed", SIMULATE_KEYS)
+def test_a_stage_key_changes_with_what_the_stage_reads(setting, changed):
+    from leakray.config import load_config
+    from leakray.protocols.stage_keys import simulate_keys
+
+    before, after = simulate_keys(load_config([], []), "d"), simulate_keys(load_config([], [setting]), "d")
+    got = {name for name in before if before[name] != after[name]}
+    assert got == (set(before) if changed == "all" else changed)
+    assert simulate_keys(load_config([], []), "other benchmark") != before and set(before) == {
+        "folds", "base", "shadow_base", "corpus", "target", "shadow", "perturb", "collect_shadow", "collect_target"}
+
+
+AUDIT_KEYS = [
+    *((f"audit.{k}={v}", set()) for k, v in (("fdr", 0.2), ("lam", 0.3), ("max_width", 0.5), ("route", "card"),
+                                             ("bootstrap", 10), ("detector", "min_k"))),
+    ("audit.rewrites=2", {"rewrite_scores"}), ("audit.corpus=corpus/*.py", {"screen"}),
+    ("detect.seeds=[0,1]", {"card"}), ("audit.fpr=0.1", "all"),
+    ("sample.k=3", {"perturb", "collect_shadow", "collect_target", "card", "rewrite_scores", "control_scores",
+                    "screen"}),
+    ("audit.member_fraction=0.3", "all"), ("shadow.epochs=3", "all"),
+]
+
+
+@pytest.mark.parametrize("setting,changed", AUDIT_KEYS)
+def test_an_audit_stage_key_changes_with_what_the_stage_reads(setting, changed):
+    from leakray.config import AUDIT_DEFAULTS, AuditConfig, load_config
+    from leakray.protocols.stage_keys import audit_keys
+
+    def keys(*settings, **extra):
+        return audit_keys(load_config([AUDIT_DEFAULTS], list(settings), AuditConfig), "d", **extra)
+
+    before, after = keys(), keys(setting)
+    assert {name for name in before if before[name] != after[name]} == (set(before) if changed == "all" else changed)
+    # a reused card keys every stage but the card's own; control tasks key their stage by content
+    with_card = keys(card_id="c1")
+    assert {n for n in before if before[n] != with_card[n]} == set(before) - {"card"}
+    assert {n for n in before if before[n] != keys(control_digest="x")[n]} == {"control_scores"}

@@ -150,6 +150,19 @@ def test_audit_report_says_what_each_stage_cost():
         "", "Time by stage (wall, in the invocation that ran it; the machine's CPUs busy over it): collect_target "
             "32.4 s (100%), card 11.5 s (74%), screen 1.4 s; this invocation 60 s."]  # a resumed 0.04-s stage: left out
     assert time_by_stage({"split": {"seconds": 0.0}}, {}) == []  # nothing took time: no line
+    # a stage adopted from another run (runs.adopt) keeps that run's time, and says so
+    adopted = {**stages, "card": {**stages["card"], "reused_from": "audit-humaneval-1"}}
+    assert time_by_stage(adopted, {"total_this_invocation": 2.0})[1] == (
+        "Time by stage (wall, in the invocation that ran it; the machine's CPUs busy over it): collect_target "
+        "32.4 s (100%), card 11.5 s (74%) (adopted), screen 1.4 s; this invocation 2 s. Adopted stages were made by "
+        "audit-humaneval-1 from the same inputs.")
+
+
+def test_a_simulate_report_names_the_run_that_made_an_adopted_stage():
+    from leakray.report.simulate import stage_stats
+
+    got = stage_stats({"target": {"seconds": 9.1, "reused_from": "humaneval-ba24"}, "detect": {"seconds": 3.0}})
+    assert got["target"]["reused_from"] == "humaneval-ba24" and "reused_from" not in got["detect"]
 
 
 def test_a_run_shared_by_several_detectors_is_not_each_ones_cost():

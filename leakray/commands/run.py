@@ -21,6 +21,9 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
                    "file:///...); default: output_dir in the config")
     p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else a local Ray)")
     p.add_argument("--verbose", action="store_true", help="show Ray's and the workers' logs on the console")
+    p.add_argument("--no-reuse", action="store_true",
+                   help="run every stage of a new run, adopting none that another run in the output directory "
+                        "finished from the same inputs (default: adopt them)")
 
 
 def config_from_args(args, extra: list[str] = ()):
@@ -32,6 +35,8 @@ def config_from_args(args, extra: list[str] = ()):
         overrides.append(f"output_dir={args.output}")
     if args.address:
         overrides.append(f"ray.address={args.address}")
+    if getattr(args, "no_reuse", False):
+        overrides.append("reuse_stages=false")
     return load_config(args.config, overrides)
 
 
@@ -86,6 +91,8 @@ def run_audit_cmd(args, card_only: bool = False) -> int:
         overrides.append(f"output_dir={args.output}")
     if args.address:
         overrides.append(f"ray.address={args.address}")
+    if args.no_reuse:
+        overrides.append("reuse_stages=false")
     cfg = load_config([AUDIT_DEFAULTS, *args.config], overrides, AuditConfig)
     run_audit(cfg, Console(verbose=args.verbose), card_only=card_only)
     return 0

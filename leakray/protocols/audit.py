@@ -24,6 +24,7 @@ from leakray.detect.card import DetectorCard
 from leakray.errors import BadInput
 from leakray.protocols.simulate import (base_model, collect_config, load_tasks, model_path, preflight_isolation,
                                         training_text)
+from leakray.protocols.stage_keys import audit_keys, with_keys
 from leakray.runs import (StageRunner, StageSpec, Together, content_hash, machine_cpu, machine_use,
                           write_json_atomic)
 from leakray.storage import is_uri, local_copy
@@ -290,13 +291,15 @@ def run_audit(cfg: AuditConfig, console: Console | None = None, card_only: bool 
     card = cfg.audit.card
     card_dir = (local_copy(card) if is_uri(card) else Path(card).expanduser().resolve()) if card else None
     card_id = DetectorCard(card_dir).id if card_dir else None
-    digest = content_hash([[t[T.TASK_ID], t[T.PROMPT], t[T.REFERENCE], t[T.TESTS]] for t in tasks])
+    digest = tasks_digest = content_hash([[t[T.TASK_ID], t[T.PROMPT], t[T.REFERENCE], t[T.TESTS]] for t in tasks])
+    control_digest = None
     if cfg.audit.control and not card_only:  # read before any work: a bad control set fails now, not hours later
         from leakray.protocols.control_scores import load_control
 
         control = load_control(cfg.audit.control, tasks)
         # the run is keyed by the control set's content too: another file at the same path is another audit
-        digest = content_hash(digest, [[t[T.TASK_ID], t[T.PROMPT], t[T.REFERENCE]] for t in control])
+        control_rows = [[t[T.TASK_ID], t[T.PROMPT], t[T.REFERENCE]] for t in control]
+        digest, control_digest = content_hash(digest, control_rows), content_hash(control_rows)
     if card_only:  # a card depends on the shadow's side only: the same card serves any target
         if card_dir:
             raise BadInput("card build makes a card; it cannot reuse one", field="audit.card")
@@ -316,7 +319,8 @@ def run_audit(cfg: AuditConfig, console: Console | None = None, card_only: bool 
         for line in card_mismatches(card, cfg, tasks):
             console.warn(line)
     runner = stage_runner(cfg, store, console)
-    runner.run(audit_stages(cfg, tasks, runner, isolation, card_dir, card_only))
+    keys = audit_keys(cfg, tasks_digest, card_id, control_digest)
+    runner.run(with_keys(audit_stages(cfg, tasks, runner, isolation, card_dir, card_only), keys))
     card = DetectorCard(card_dir or runner.dir("card"))
     if card_only:
         store.close()

@@ -31,7 +31,9 @@ def stage_runner(cfg, store: RunStore, console: Console) -> StageRunner:
     def join() -> None:
         ensure_ray(cfg.ray.address, verbose=console.verbose, log_dir=store.local / "logs")
 
-    return StageRunner(store.local, console, store, before_work=join)
+    # a finished stage of another run in the same output directory, made from the same inputs, is
+    # adopted rather than run again (runs.StageSpec.key), unless the run asks for every stage anew
+    return StageRunner(store.local, console, store, before_work=join, reuse=getattr(cfg, "reuse_stages", True))
 
 
 def time_line(ran_now: dict[str, dict], total_s: float, machine: dict | None = None, top: int = 3) -> str:

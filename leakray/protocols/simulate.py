@@ -41,9 +41,13 @@ def load_tasks(cfg: SimulateConfig) -> list[dict]:
     return tasks
 
 
+def tasks_digest(tasks: list[dict]) -> str:
+    """The benchmark's content as the run sees it (ids, prompts, references, tests)."""
+    return content_hash([[t[T.TASK_ID], t[T.PROMPT], t[T.REFERENCE], t[T.TESTS]] for t in tasks])
+
+
 def run_id(cfg: SimulateConfig, tasks: list[dict]) -> str:
-    digest = content_hash([[t[T.TASK_ID], t[T.PROMPT], t[T.REFERENCE], t[T.TESTS]] for t in tasks])
-    return content_hash(cfg.hashed(), digest)
+    return content_hash(cfg.hashed(), tasks_digest(tasks))
 
 
 def training_text(task: dict) -> str:
@@ -253,7 +257,7 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
         return (f"{info.get('rows_out', info.get('rows'))} tasks, {info.get('exec_status')}, "
                 f"CodeBLEU parse failures {info.get('parse_failures') or {}}")
 
-    return [
+    stages = [
         StageSpec("folds", folds_stage, lambda i: f"D1..D4 sizes {i['sizes']}"),
         *([collection.perturb_spec(cfg, tasks)] if collection.wants_advprompt(cfg) else []),
         StageSpec("base", base_stage("base"), lambda i: f"{i['path']} (val loss {i['stats'].get('val_loss', '?')})"),
@@ -268,6 +272,9 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
         *(StageSpec(f"collect_{role}", collect_stage(role), collect_summary) for role in ("shadow", "target")),
         StageSpec("detect", detect_stage, lambda i: f"{', '.join(i['detectors'])}"),
     ]
+    from leakray.protocols.stage_keys import simulate_keys, with_keys
+
+    return with_keys(stages, simulate_keys(cfg, tasks_digest(tasks)))
 
 
 def _leak_line(role: str, i: dict) -> str:

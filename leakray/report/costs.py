@@ -14,10 +14,14 @@ def time_by_stage(stages: dict, timings: dict) -> list[str]:
     if not timed:
         return []
     total = timings.get("total_this_invocation")
+    donors = sorted({st["reused_from"] for st in stages.values() if st.get("reused_from")})
     return ["", "Time by stage (wall, in the invocation that ran it; the machine's CPUs busy over it): "
             + ", ".join(f"{name} {sec:.1f} s" + (f" ({busy:.0%})" if busy is not None else "")
+                        + (" (adopted)" if stages[name].get("reused_from") else "")
                         for sec, name, busy in timed)
-            + (f"; this invocation {total:.0f} s." if isinstance(total, (int, float)) else ".")]
+            + (f"; this invocation {total:.0f} s." if isinstance(total, (int, float)) else ".")
+            # a stage adopted from a run made from the same inputs (runs.adopt) keeps that run's time
+            + (f" Adopted stages were made by {', '.join(donors)} from the same inputs." if donors else "")]
 
 
 def shared_run_note(cost: dict, num) -> str:

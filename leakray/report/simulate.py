@@ -102,7 +102,10 @@ def stage_stats(stages: dict) -> dict:
     """``{stage: {seconds, machine_busy, rows_in, rows_out, errors, parse_failures}}`` from the
     markers (None if absent: a marker written before machine_cpu was recorded, or not on Linux)."""
     return {name: {**{k: info.get(k) for k in STAGE_KEYS},
-                   "machine_busy": (info.get("machine_cpu") or {}).get("busy_share")} for name, info in stages.items()}
+                   "machine_busy": (info.get("machine_cpu") or {}).get("busy_share"),
+                   # adopted from another run made from the same inputs (runs.adopt): its numbers are that run's
+                   **({"reused_from": info["reused_from"]} if info.get("reused_from") else {})}
+            for name, info in stages.items()}
 
 
 def isolation_of(stages: dict) -> dict:
@@ -328,10 +331,14 @@ def render_markdown(r: dict) -> str:
               "|---" * (len(STAGE_KEYS) + 1) + "|"]
     for name, st in (r.get("stages") or {}).items():
         cells = [_stage_cell(k, st.get(k)) for k in STAGE_KEYS]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        made_by = f" (made by {st['reused_from']})" if st.get("reused_from") else ""
+        lines.append(f"| {name}{made_by} | " + " | ".join(cells) + " |")
     lines += ["", "machine busy: the share of the CPU time of the machine that ran the driver (on a cluster, the "
               "head's node) that was busy during the stage; stages run side by side share it. Near 100% a stage "
               "is bound by its CPUs' work (more CPUs or less work shortens it); idle CPUs mean it waited."]
+    if any(st.get("reused_from") for st in (r.get("stages") or {}).values()):
+        lines += ["", "made by: the stage was adopted from that run, made from the same inputs (the settings it reads "
+                  "are this run's); its numbers are that run's."]
     extra = {k: v for k, v in r["timings_s"].items() if k not in (r.get("stages") or {})}
     if extra:
         lines += ["", "Timings: " + ", ".join(f"{k} {v:.1f} s" if isinstance(v, (int, float)) else f"{k} {_fmt(v)}"
