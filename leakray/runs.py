@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable
 
 MARKER = "_DONE.json"
 STAGE_KEY = "stage_key"  # a keyed stage's marker records its key: what another run looks it up by
+FANOUT_MARK = "fanout.json"  # in a fan-out's parent directory (protocols.fanout): its children are runs
 KILL_ENV = "LEAKRAY_KILL_IN_STAGE"  # tests only: see kill_point
 # Every stage's marker carries these (datatrove-style stats), so reports read them generically.
 STAT_DEFAULTS = {"rows_in": None, "rows_out": None, "errors": {}, "parse_failures": {}}
@@ -261,11 +262,22 @@ class StageRunner:
         return info
 
 
+def donor_roots(run_dir: Path) -> list[Path]:
+    """Where other runs' stages are looked for: the runs beside ``run_dir`` (its output directory);
+    for a child of a fan-out (a dose of a dose sweep, one of several benchmarks) also the children
+    of every other fan-out in the same output directory (a second dose sweep with other detector
+    settings is a new parent directory, and its doses' fine-tunes are the first one's)."""
+    parent = Path(run_dir).resolve().parent
+    if not (parent / FANOUT_MARK).exists():
+        return [parent]
+    return [parent, *sorted(p for p in parent.parent.iterdir() if p != parent and (p / FANOUT_MARK).exists())]
+
+
 def find_donor(run_dir: Path, name: str, key: str) -> Path | None:
-    """A finished stage ``name`` with the content key ``key`` in another run beside ``run_dir``
-    (the same output directory), or None."""
+    """A finished stage ``name`` with the content key ``key`` in another run of ``donor_roots``,
+    or None."""
     run_dir = Path(run_dir).resolve()
-    for marker in sorted(run_dir.parent.glob(f"*/{name}/{MARKER}")):
+    for marker in (m for root in donor_roots(run_dir) for m in sorted(root.glob(f"*/{name}/{MARKER}"))):
         if marker.parent.parent.resolve() == run_dir:
             continue
         try:

@@ -332,6 +332,31 @@ def test_a_keyed_stage_another_run_finished_is_adopted_not_run(tmp_path):
     assert calls[6:] == [("run4", "a"), ("run4", "b"), ("run4", "detect")]
 
 
+def test_a_fan_outs_children_adopt_from_another_fan_outs_children_only(tmp_path):
+    """A second dose sweep with other detector settings is a new parent directory: its doses find
+    the first sweep's doses (both parents are marked as fan-outs); a plain run in the output
+    directory does not look inside a fan-out, and a fan-out's child does not look inside a
+    directory that is not one."""
+    from leakray.runs import FANOUT_MARK
+
+    calls = []
+
+    def stages():
+        return [StageSpec("target", lambda out: calls.append(out.parent) or {}, key="dose-4")]
+
+    out = tmp_path / "runs"
+    for parent in ("sweep-a", "sweep-b"):
+        (out / parent).mkdir(parents=True)
+        (out / parent / FANOUT_MARK).write_text("{}")
+    (out / "not-a-fan-out" / "x").mkdir(parents=True)
+    StageRunner(out / "not-a-fan-out" / "x", _Quiet()).run(stages())
+    StageRunner(out / "sweep-a" / "dose4", _Quiet()).run(stages())  # runs: the other directory is no fan-out
+    StageRunner(out / "plain", _Quiet()).run(stages())  # runs: a plain run's siblings hold no such stage
+    info = StageRunner(out / "sweep-b" / "dose4", _Quiet()).run(stages())
+    assert calls == [out / "not-a-fan-out" / "x", out / "sweep-a" / "dose4", out / "plain"]
+    assert info["target"]["reused_from"] == "dose4" and (out / "sweep-b" / "dose4" / "target" / "_DONE.json").exists()
+
+
 # (setting, stages of the simulate protocol whose key it changes): the detectors' own settings reach
 # no stage before detect; what a stage reads changes its key, and the keys of the stages after it
 SIMULATE_KEYS = [

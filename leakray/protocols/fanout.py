@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from leakray.runs import FANOUT_MARK, write_json_atomic
 from leakray.storage import RunStore, join
 
 # (config, console) -> run directory
@@ -20,6 +21,8 @@ def fan_out(output_dir: str, name: str, children: Sequence[tuple[str, Callable[[
     ``<output_dir>/<name>/``; ``aggregate(parent_dir, {label: run_dir})`` writes the parent's
     outputs. A URI output is staged locally and mirrored when the aggregate is written."""
     store = RunStore(output_dir, name)
+    # marks the directory as a fan-out's: its children adopt stages from other fan-outs' (runs.donor_roots)
+    write_json_atomic(store.local / FANOUT_MARK, {"children": [label for label, _ in children]})
     inner = join(output_dir, store.name)
     runs: dict[str, Path] = {}
     try:
