@@ -391,7 +391,11 @@ AUDIT_KEYS = [
     ("detect.seeds=[0,1]", {"card"}), ("audit.fpr=0.1", "all"),
     ("sample.k=3", {"perturb", "collect_shadow", "collect_target", "card", "rewrite_scores", "control_scores",
                     "screen"}),
-    ("audit.member_fraction=0.3", "all"), ("shadow.epochs=3", "all"),
+    ("shadow.epochs=3", "all"),
+    # the model under audit: the shadow's side (and the card) stay, audits of two targets share them
+    *((setting, {"split", "target", "collect_target", "rewrite_scores", "control_scores", "screen"})
+      for setting in ("audit.member_fraction=0.3", "target.epochs=3", "audit.planted_base=tiny-alt",
+                      f"audit.target={FIXTURES / 'model_dir_stand_in'}")),
 ]
 
 

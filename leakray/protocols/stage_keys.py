@@ -13,6 +13,8 @@ errs towards running a stage again, never towards adopting one made from other i
   `detect`, except which extra passes the requested detectors need (`collection_needs`);
 - the audit's card also reads `detect`; the detect stage and reports read everything and are
   never adopted;
+- the audit's shadow side (base, perturb, shadow, its collection, the card) reads nothing of the
+  model under audit (`TARGET_ONLY`): audits of two targets share one shadow and card;
 - an audit's report settings (`REPORT_ONLY`) reach no stage; the settings that add a stage
   (`ADDS_A_STAGE`: a corpus, control tasks, rewrites) reach only the stage they add.
 """
@@ -29,6 +31,9 @@ COLLECTING = ("sample", "execute", "columns", "embed")
 REPORT_ONLY = ("audit.bootstrap", "audit.detector", "audit.fdr", "audit.lam", "audit.max_width", "audit.route")
 # each adds one stage of its own and is read by no other (the card is keyed by its id instead)
 ADDS_A_STAGE = ("audit.corpus", "audit.control", "audit.rewrites", "audit.rewrite_seed", "audit.card")
+# the model under audit (or the planted one): read by the split, the target's fine-tune and what
+# scores the target, never by the shadow's side, so audits of two targets share one shadow and card
+TARGET_ONLY = ("audit.target", "audit.member_fraction", "audit.member_seed", "audit.planted_base", "target")
 
 
 def collection_needs(cfg) -> dict:
@@ -83,15 +88,19 @@ def audit_keys(cfg, digest: str, card_id: str | None = None, control_digest: str
     stage after it; control tasks key their own stage by their content."""
     quiet = (*REPORT_ONLY, *ADDS_A_STAGE)
     models = stage_key("audit:models", cfg, digest, drop=(*quiet, "detect", *COLLECTING), card=card_id)
+    shadow_models = stage_key("audit:models", cfg, digest, drop=(*quiet, "detect", *COLLECTING, *TARGET_ONLY),
+                              card=card_id)
     collections = stage_key("audit:collections", cfg, digest, drop=(*quiet, "detect"), needs=True, card=card_id)
-    card = stage_key("audit:card", cfg, digest, drop=quiet, needs=True)
+    shadow_collections = stage_key("audit:collections", cfg, digest, drop=(*quiet, "detect", *TARGET_ONLY),
+                                   needs=True, card=card_id)
+    card = stage_key("audit:card", cfg, digest, drop=(*quiet, *TARGET_ONLY), needs=True)
 
     def own(*keys: str) -> str:  # a stage that one of ADDS_A_STAGE adds: a collection's key plus those settings
         return stage_key("audit:collections", cfg, digest, drop=[q for q in (*quiet, "detect") if q not in keys],
                          needs=True, card=card_id, control=control_digest if "audit.control" in keys else None)
 
-    return {**dict.fromkeys(("split", "base", "shadow", "target"), models),
-            **dict.fromkeys(("perturb", "collect_shadow", "collect_target"), collections),
+    return {"split": models, "target": models, "base": shadow_models, "shadow": shadow_models,
+            "perturb": shadow_collections, "collect_shadow": shadow_collections, "collect_target": collections,
             "card": card,
             "rewrite_scores": own("audit.rewrites", "audit.rewrite_seed"),
             "control_scores": own("audit.control"),
