@@ -413,3 +413,16 @@ def test_an_audit_stage_key_changes_with_what_the_stage_reads(setting, changed):
     with_card = keys(card_id="c1")
     assert {n for n in before if before[n] != with_card[n]} == set(before) - {"card"}
     assert {n for n in before if before[n] != keys(control_digest="x")[n]} == {"control_scores"}
+
+
+def test_no_reuse_runs_every_stage_and_keeps_the_runs_name():
+    """`--no-reuse` is a setting outside the run's hash: the same run directory, nothing adopted."""
+    from leakray.cli import build_parser
+    from leakray.commands.run import config_from_args
+    from leakray.protocols.simulate import run_id
+
+    tasks = [{"task_id": "t/0", "prompt": "p", "reference": "r", "tests": ""}]
+    for argv in (["demo"], ["simulate", "--no-reuse"]):
+        cfg = config_from_args(build_parser().parse_args(argv))
+        assert cfg.reuse_stages is (argv == ["demo"])
+        assert run_id(cfg, tasks) == run_id(load_config([], []), tasks)
