@@ -8,6 +8,10 @@ curve (dose -> AUC per detector) from the sweep's detectability.json, and a tabl
 AUC and TPR@5%FPR with their bootstrap 95% intervals at each dose, and its wall time (fit,
 threshold and scoring, all seeds, from report.json; for the memory probes also the sampling
 pass they add to both collections, from the collect stages' `probe_seconds`).
+
+Run again into the same --output with another detector list (`--set detect.detectors=[...]`)
+that needs no other collection passes, and the new sweep adopts the earlier one's pretraining
+mixtures and collections and fits only the detectors; the stage times name adopted stages.
 """
 
 from __future__ import annotations
@@ -32,11 +36,14 @@ def main() -> None:
     total = time.perf_counter() - t0
     if proc.returncode:
         sys.exit(proc.stderr[-3000:])
-    (sweep,) = Path(args.output).glob("dose-sweep-*")
+    # this sweep's directory: an output directory may hold earlier sweeps (another detector list), whose
+    # pretraining mixtures and collections this one adopted (docs/DESIGN.md, "Stages shared between runs")
+    sweep = max(Path(args.output).glob("dose-sweep-*/detectability.json"), key=lambda p: p.stat().st_mtime).parent
     curve = json.loads((sweep / "detectability.json").read_text())
     stages = {}
-    for dose, run in curve["runs"].items():
-        stages[dose] = {p.parent.name: json.loads(p.read_text())["seconds"] for p in Path(run).glob("*/_DONE.json")}
+    for dose, run in curve["runs"].items():  # an adopted stage keeps the time of the sweep that made it
+        stages[dose] = {p.parent.name + (" (adopted)" if info.get("reused_from") else ""): info["seconds"]
+                        for p in Path(run).glob("*/_DONE.json") for info in [json.loads(p.read_text())]}
     out = {"total_seconds": round(total, 1), "overrides": args.overrides, "stage_seconds": stages,
            "auc": {n: m["auc"] for n, m in curve["detectors"].items()}, "doses": curve["doses"],
            "detected_at": {n: m["smallest_dose_detected"] for n, m in curve["detectors"].items()},
