@@ -40,17 +40,11 @@ def collection_needs(cfg) -> dict:
     """Which passes of the model a collection makes: they follow the requested detectors
     (`detect.detectors`), the one part of `detect` a collection reads."""
     from leakray.protocols import collection
+    from leakray.schema import C
 
     return {"advprompt": collection.wants_advprompt(cfg), "upper_case": collection.wants_upper_case(cfg),
             "probes": list(collection.wanted_probes(cfg)),
-            "second_reference": _reads_second_reference(cfg)}
-
-
-def _reads_second_reference(cfg) -> bool:
-    from leakray.protocols.collection import reads_any
-    from leakray.schema import C
-
-    return reads_any(cfg, {C.REFALT_TOKEN_LOGPROBS})
+            "second_reference": collection.reads_any(cfg, {C.REFALT_TOKEN_LOGPROBS})}
 
 
 def _without(config: dict, paths: Iterable[str]) -> dict:
@@ -65,20 +59,20 @@ def _without(config: dict, paths: Iterable[str]) -> dict:
     return out
 
 
-def stage_key(kind: str, cfg, digest: str, *, drop: Iterable[str] = (), needs: bool = False, **extra) -> str:
+def stage_key(kind: str, cfg, digest: str, *, drop: Iterable[str] = (), needs: dict | None = None, **extra) -> str:
     """The key of a stage of ``kind``: ``cfg.hashed()`` without ``drop`` (dotted paths), the
-    benchmark's content ``digest``, with ``collection_needs`` when the stage collects, and any
-    ``extra`` inputs (a card's id, a control set's digest)."""
+    benchmark's content ``digest``, with ``needs`` (`collection_needs`) when the stage collects,
+    and any ``extra`` inputs (a card's id, a control set's digest)."""
     body = _without(cfg.hashed(), drop)
-    if needs:
-        body["collection_needs"] = collection_needs(cfg)
+    if needs is not None:
+        body["collection_needs"] = needs
     return content_hash(kind, body, digest, extra)
 
 
 def simulate_keys(cfg, digest: str) -> dict[str, str]:
     """Keys of the simulate protocol's stages (the detect stage has none: it reads everything)."""
     models = stage_key("simulate:models", cfg, digest, drop=("detect", *COLLECTING))
-    collections = stage_key("simulate:collections", cfg, digest, drop=("detect",), needs=True)
+    collections = stage_key("simulate:collections", cfg, digest, drop=("detect",), needs=collection_needs(cfg))
     return {**dict.fromkeys(("folds", "base", "shadow_base", "corpus", "target", "shadow"), models),
             **dict.fromkeys(("perturb", "collect_shadow", "collect_target"), collections)}
 
@@ -86,18 +80,18 @@ def simulate_keys(cfg, digest: str) -> dict[str, str]:
 def audit_keys(cfg, digest: str, card_id: str | None = None, control_digest: str | None = None) -> dict[str, str]:
     """Keys of the audit's (and `card build`'s) stages. A reused card (``card_id``) keys every
     stage after it; control tasks key their own stage by their content."""
-    quiet = (*REPORT_ONLY, *ADDS_A_STAGE)
+    quiet, needs = (*REPORT_ONLY, *ADDS_A_STAGE), collection_needs(cfg)
     models = stage_key("audit:models", cfg, digest, drop=(*quiet, "detect", *COLLECTING), card=card_id)
     shadow_models = stage_key("audit:models", cfg, digest, drop=(*quiet, "detect", *COLLECTING, *TARGET_ONLY),
                               card=card_id)
-    collections = stage_key("audit:collections", cfg, digest, drop=(*quiet, "detect"), needs=True, card=card_id)
+    collections = stage_key("audit:collections", cfg, digest, drop=(*quiet, "detect"), needs=needs, card=card_id)
     shadow_collections = stage_key("audit:collections", cfg, digest, drop=(*quiet, "detect", *TARGET_ONLY),
-                                   needs=True, card=card_id)
-    card = stage_key("audit:card", cfg, digest, drop=(*quiet, *TARGET_ONLY), needs=True)
+                                   needs=needs, card=card_id)
+    card = stage_key("audit:card", cfg, digest, drop=(*quiet, *TARGET_ONLY), needs=needs)
 
     def own(*keys: str) -> str:  # a stage that one of ADDS_A_STAGE adds: a collection's key plus those settings
         return stage_key("audit:collections", cfg, digest, drop=[q for q in (*quiet, "detect") if q not in keys],
-                         needs=True, card=card_id, control=control_digest if "audit.control" in keys else None)
+                         needs=needs, card=card_id, control=control_digest if "audit.control" in keys else None)
 
     return {"split": models, "target": models, "base": shadow_models, "shadow": shadow_models,
             "perturb": shadow_collections, "collect_shadow": shadow_collections, "collect_target": collections,
