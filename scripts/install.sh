@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install leakray into it. Torch first: pinning the CPU
-# build avoids pip pulling a multi-GB CUDA wheel; GPU clusters install leakray[vllm].
+# Create .venv (if missing) and install leakray into it. Torch pinned (torch==2.13.0, the CPU
+# build where the machine keeps one): a range would pull a multi-GB CUDA wheel; GPU clusters
+# install leakray[vllm].
 # The sandbox needs bubblewrap for real isolation: installed here where we can (root or
 # passwordless sudo); otherwise leakray refuses to run generated code and says how to fix it.
 set -euo pipefail
@@ -21,14 +22,27 @@ PY=${PYTHON:-python3}
 FRESH=0
 [ -x .venv/bin/python ] || { "$PY" -m venv .venv; FRESH=1; }
 . .venv/bin/activate
-python -m pip install -q --upgrade pip
-# A fresh environment is byte-compiled once at the end on every core: pip compiles each file it
-# installs one after another, a large part of a fresh install (~23,000 files). An existing
-# environment keeps pip's own compiling, so whatever an upgrade adds is compiled too.
-NO_COMPILE=()
-[ "$FRESH" = 1 ] && NO_COMPILE=(--no-compile)
-python -c "import torch" 2>/dev/null || python -m pip install -q ${NO_COMPILE[@]+"${NO_COMPILE[@]}"} "torch==2.13.0"
-python -m pip install -q ${NO_COMPILE[@]+"${NO_COMPILE[@]}"} -e ".[dev]"
+TORCH=()
+python -c "import torch" 2>/dev/null || TORCH=("torch==2.13.0")
+# A fresh environment: uv installs it, in parallel, with pip's settings (scripts/uv_install.py; the
+# same packages, benchmarks/bench_install.py). Where uv cannot be had or a pip setting has no uv
+# equivalent, in an existing environment, and with LEAKRAY_INSTALLER=pip, pip does it as before.
+UV_DONE=0
+if [ "$FRESH" = 1 ] && [ "${LEAKRAY_INSTALLER:-uv}" != pip ] && python -m pip install -q uv >/dev/null 2>&1 \
+   && python scripts/uv_install.py -q ${TORCH[@]+"${TORCH[@]}"} -e ".[dev]"; then
+  UV_DONE=1
+fi
+if [ "$UV_DONE" = 0 ]; then
+  python -m pip install -q --upgrade pip
+  # A fresh environment is byte-compiled once at the end on every core: pip compiles each file it
+  # installs one after another, a large part of a fresh install (~23,000 files). An existing
+  # environment keeps pip's own compiling, so whatever an upgrade adds is compiled too.
+  NO_COMPILE=()
+  [ "$FRESH" = 1 ] && NO_COMPILE=(--no-compile)
+  # torch first: pinning the CPU build before anything asks for a range
+  [ ${#TORCH[@]} = 0 ] || python -m pip install -q ${NO_COMPILE[@]+"${NO_COMPILE[@]}"} "${TORCH[@]}"
+  python -m pip install -q ${NO_COMPILE[@]+"${NO_COMPILE[@]}"} -e ".[dev]"
+fi
 if [ "$FRESH" = 1 ]; then
   # purelib and platlib (lib/ and lib64/ on some distributions: packages with extensions go to the
   # latter); a file that does not compile (a template, a test fixture) stays as pip leaves it
