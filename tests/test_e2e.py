@@ -11,8 +11,10 @@ from conftest import ROOT, _submit  # ray_head (a real `ray start --head`) is co
 
 # a detector kept outside leakray: one file + one entry (leakray/detect/registry.py)
 PLUGIN = {"LEAKRAY_DETECTORS": "toy=tests/plugins/toy_detector.py:Toy"}
-# A planted leak strong enough to be seen on 6 + 6 tasks: the members are memorised (25 epochs).
-SMALL = ["--quick", "--set", "target.epochs=25", "--set", "shadow.epochs=25", "--set", "sample.max_new_tokens=128",
+# A planted leak strong enough to be seen on 6 + 6 tasks: the members are memorised. Measured with
+# these settings: 18 epochs, 5 of 6 members pass in each model and every detector's AUC is 1.0 (as
+# with 25, 28% more steps); 14 epochs, no member passes yet (the test's leak assertions would fail).
+SMALL = ["--quick", "--set", "target.epochs=18", "--set", "shadow.epochs=18", "--set", "sample.max_new_tokens=128",
          "--set", "detect.cgmia.epochs=50", "--set", "detect.seeds=[0,1]",
          "--set", "detect.detectors=[cgmia,ref_loss,gt_match,detectleak,min_k,advprompt,toy]",
          "--set", "detect.advprompt_ablation=false", "--set", "columns.upper_case=false",
