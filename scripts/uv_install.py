@@ -75,7 +75,12 @@ def uv_command(settings: dict[str, str]) -> tuple[list[str], dict[str, str]] | N
 def main(argv: list[str]) -> int:
     from uv import find_uv_bin
 
-    got = uv_command(pip_settings())
+    try:
+        settings = pip_settings()
+    except (OSError, subprocess.CalledProcessError, ValueError, SyntaxError) as exc:
+        print(f"uv_install: pip's settings could not be read ({exc}); installing with pip", file=sys.stderr)
+        return UNKNOWN_SETTING
+    got = uv_command(settings)
     if got is None:
         return UNKNOWN_SETTING
     flags, env = got

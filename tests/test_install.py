@@ -60,3 +60,13 @@ def test_a_setting_without_a_uv_equivalent_leaves_the_install_to_pip(uv_install,
     sys.modules["uv"].find_uv_bin = lambda: ran.append("uv") or "uv"
     assert uv_install.main(["-e", "."]) == uv_install.UNKNOWN_SETTING and ran == []  # uv never started
 
+
+
+def test_unreadable_pip_settings_leave_the_install_to_pip(uv_install, monkeypatch, capsys):
+    def fails(*a, **k):
+        raise subprocess.CalledProcessError(2, a[0])
+    monkeypatch.setattr(uv_install.subprocess, "run", fails)
+    monkeypatch.setitem(sys.modules, "uv", type(sys)("uv"))
+    sys.modules["uv"].find_uv_bin = lambda: "uv"
+    assert uv_install.main(["-e", "."]) == uv_install.UNKNOWN_SETTING
+    assert "installing with pip" in capsys.readouterr().err
