@@ -33,6 +33,8 @@ if [ "$FRESH" = 1 ] && [ "${LEAKRAY_INSTALLER:-uv}" != pip ] && python -m pip in
   UV_DONE=1
 fi
 if [ "$UV_DONE" = 0 ]; then
+  [ "$FRESH" = 1 ] && [ "${LEAKRAY_INSTALLER:-uv}" != pip ] \
+    && echo "uv could not install this environment here (see above); installing with pip, which takes longer"
   python -m pip install -q --upgrade pip
   # A fresh environment is byte-compiled once at the end on every core: pip compiles each file it
   # installs one after another, a large part of a fresh install (~23,000 files). An existing
