@@ -4,8 +4,9 @@ fresh environment.
 pip installs one package after another and then compiles each file; uv (a pip-compatible
 installer, installed into the new environment from the package index) downloads and installs
 in parallel: on a 2-core host a fresh `leakray[dev]` environment took 58 s with pip (torch 15 s,
-the rest 43 s) and 8 s with uv, the same 168 packages at the same versions (`pip freeze` of
-both environments, uv itself aside).
+the rest 43 s) and 8-16 s with uv, the same 168 packages at the same versions (`pip freeze` of
+both environments, uv itself aside; the whole install script, compile included:
+benchmarks/bench_install.py).
 
 uv does not read pip's configuration (pip.conf, PIP_* variables), where a machine may keep a
 local wheel directory, a mirror or a constraints file (this project's hosts pin torch's CPU
@@ -29,9 +30,10 @@ UNKNOWN_SETTING = 3
 FLAGS = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links",
          "constraint": "--constraint", "trusted-host": "--allow-insecure-host"}
 BOOLEAN_FLAGS = {"no-index": "--no-index"}
-# settings that only change how pip itself talks or reports, or that uv takes from the environment
-ENV = {"cert": "SSL_CERT_FILE", "timeout": "UV_HTTP_TIMEOUT", "default-timeout": "UV_HTTP_TIMEOUT",
-       "proxy": "HTTPS_PROXY"}
+# settings uv takes from the environment instead
+ENV = {"cert": ("SSL_CERT_FILE",), "timeout": ("UV_HTTP_TIMEOUT",), "default-timeout": ("UV_HTTP_TIMEOUT",),
+       "proxy": ("HTTPS_PROXY", "HTTP_PROXY")}
+# settings that only change how pip itself talks to its user
 IGNORED = {"disable-pip-version-check", "no-input", "progress-bar", "root-user-action", "quiet", "verbose",
            "no-warn-script-location", "no-color"}
 # where a key is set more than once, the later scope wins (pip: environment over files, the
@@ -65,7 +67,7 @@ def uv_command(settings: dict[str, str]) -> tuple[list[str], dict[str, str]] | N
             if value.lower() in ("1", "true", "yes", "on"):
                 flags.append(BOOLEAN_FLAGS[key])
         elif key in ENV:
-            env[ENV[key]] = value
+            env.update(dict.fromkeys(ENV[key], value))
         elif key not in IGNORED:
             print(f"uv_install: pip setting {key!r} has no uv equivalent here; installing with pip", file=sys.stderr)
             return None

@@ -40,14 +40,16 @@ def test_known_settings_become_uv_flags_and_environment(uv_install):
     flags, env = uv_install.uv_command({
         "find-links": "/opt/wheels", "extra-index-url": "file:///opt/a/simple file:///opt/b/simple",
         "constraint": "/etc/c.txt", "index-url": "https://mirror/simple", "no-index": "false",
-        "cert": "/etc/ssl/certs/ca-certificates.crt", "timeout": "180", "disable-pip-version-check": "1"})
+        "cert": "/etc/ssl/certs/ca-certificates.crt", "timeout": "180", "proxy": "http://proxy:3128",
+        "disable-pip-version-check": "1"})
     # pip takes the best version over every index; uv by default stops at the first index that has the name
     assert flags[:2] == ["--index-strategy", "unsafe-best-match"]
     pairs = list(zip(flags[2::2], flags[3::2]))
     assert ("--find-links", "/opt/wheels") in pairs and ("--constraint", "/etc/c.txt") in pairs
     assert [v for f, v in pairs if f == "--extra-index-url"] == ["file:///opt/a/simple", "file:///opt/b/simple"]
     assert ("--index-url", "https://mirror/simple") in pairs and "--no-index" not in flags
-    assert env == {"SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt", "UV_HTTP_TIMEOUT": "180"}
+    assert env == {"SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt", "UV_HTTP_TIMEOUT": "180",
+                   "HTTPS_PROXY": "http://proxy:3128", "HTTP_PROXY": "http://proxy:3128"}
     assert "--no-index" in uv_install.uv_command({"no-index": "true"})[0]
 
 
