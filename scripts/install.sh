@@ -28,6 +28,7 @@ python -c "import torch" 2>/dev/null || TORCH=("torch==2.13.0")
 # same packages, benchmarks/bench_install.py). Where uv cannot be had or a pip setting has no uv
 # equivalent, in an existing environment, and with LEAKRAY_INSTALLER=pip, pip does it as before.
 UV_DONE=0
+[ "$FRESH" = 1 ] && echo "installing torch and leakray[dev] into a new .venv/ (about a minute on 2 cores) ..."
 if [ "$FRESH" = 1 ] && [ "${LEAKRAY_INSTALLER:-uv}" != pip ] && python -m pip install -q uv >/dev/null 2>&1 \
    && python scripts/uv_install.py -q ${TORCH[@]+"${TORCH[@]}"} -e ".[dev]"; then
   UV_DONE=1
@@ -53,6 +54,7 @@ if [ "$FRESH" = 1 ]; then
   # demo took 178 s in a venv left uncompiled, 109 s in the same venv compiled). Packages' own test
   # suites (a `tests` directory inside a package: 3,345 of ~22,700 files here) are never imported,
   # and not compiled.
+  echo "byte-compiling .venv/ on every core ..."
   python - >/dev/null 2>&1 <<'PY' || true
 import compileall, re, sysconfig
 paths = sysconfig.get_paths()
