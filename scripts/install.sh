@@ -27,15 +27,16 @@ python -c "import torch" 2>/dev/null || TORCH=("torch==2.13.0")
 # A fresh environment: uv installs it, in parallel, with pip's settings (scripts/uv_install.py; the
 # same packages, benchmarks/bench_install.py). Where uv cannot be had or a pip setting has no uv
 # equivalent, in an existing environment, and with LEAKRAY_INSTALLER=pip, pip does it as before.
-UV_DONE=0
+TRY_UV=0
 [ "$FRESH" = 1 ] && echo "installing torch and leakray[dev] into a new .venv/ (about a minute on 2 cores) ..."
-if [ "$FRESH" = 1 ] && [ "${LEAKRAY_INSTALLER:-uv}" != pip ] && python -m pip install -q uv >/dev/null 2>&1 \
+[ "$FRESH" = 1 ] && [ "${LEAKRAY_INSTALLER:-uv}" != pip ] && TRY_UV=1
+UV_DONE=0
+if [ "$TRY_UV" = 1 ] && python -m pip install -q uv >/dev/null 2>&1 \
    && python scripts/uv_install.py -q ${TORCH[@]+"${TORCH[@]}"} -e ".[dev]"; then
   UV_DONE=1
 fi
 if [ "$UV_DONE" = 0 ]; then
-  [ "$FRESH" = 1 ] && [ "${LEAKRAY_INSTALLER:-uv}" != pip ] \
-    && echo "uv could not install this environment here (see above); installing with pip, which takes longer"
+  [ "$TRY_UV" = 1 ] && echo "uv could not install this environment here (see above); installing with pip, which takes longer"
   python -m pip install -q --upgrade pip
   # A fresh environment is byte-compiled once at the end on every core: pip compiles each file it
   # installs one after another, a large part of a fresh install (~23,000 files). An existing
