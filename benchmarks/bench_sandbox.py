@@ -14,7 +14,14 @@ The perturb stage's proofs (each task's reference and its AdvPrompt variants, ~1
 for HumanEval) through one Sandbox the way the stages call it, one `run_many` per batch of
 tasks, side by side: zygotes started from the borrowing thread (before: they died with each
 batch's thread pool, `sandbox/warm.py`) against started from the pool's own thread (now), and
-all in one call. Prints wall, the machine's busy CPU seconds and the zygotes started."""
+all in one call. Prints wall, the machine's busy CPU seconds and the zygotes started.
+
+    python benchmarks/bench_sandbox.py --java [PATH] [--n 24] [--workers 2]
+
+The same proofs for Java (HumanEval-X Java by default: each task's reference and its AdvPrompt
+variants, one `run_many` per batch of 8 tasks), a cold javac per run against the warm javac
+(`sandbox/javac_warm.py`), alternating, twice: wall, busy CPU seconds, and whether every
+variant got the same verdict both ways."""
 
 from __future__ import annotations
 
@@ -23,6 +30,10 @@ import statistics
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+# the real upstream benchmark files beside the checkout (as CI lays them out)
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"
 
 
 def _sandbox_rate(tasks, workers: int, isolation: str = "auto"):
@@ -84,8 +95,13 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--runs", type=int, default=30, help="sequential runs for the overhead medians")
     ap.add_argument("--batches", action="store_true", help="the proofs in batches, zygotes before and now")
-    ap.add_argument("--batch", type=int, default=8, help="tasks per run_many call (--batches)")
+    ap.add_argument("--batch", type=int, default=8, help="tasks per run_many call (--batches, --java)")
+    ap.add_argument("--java", nargs="?", const=str(SHARED / "humaneval_java.jsonl.gz"), default=None,
+                    help="Java proofs, cold javac against warm (default file: shared/benchmarks' HumanEval-X Java)")
     args = ap.parse_args()
+    if args.java:
+        _java(args.java, args.n if args.n != 164 else 24, args.batch, args.workers)
+        return
 
     from leakray.data.humaneval import read_humaneval
 
@@ -166,6 +182,46 @@ def _batches(tasks, batch: int, workers: int) -> None:
         sb.close()
         kept = sum(c.kept for c in checks)
         print(f"{name:<46}{size:>11}{wall:>8.1f}{busy:>12.1f}{started[0]:>9}{kept:>6}")
+
+
+def _java(path: str, n: int, batch: int, workers: int) -> None:
+    import sys
+    from pathlib import Path
+
+    from leakray.data.humaneval_x import read_humaneval_x
+    from leakray.perturb.core import KINDS, variants_of
+    from leakray.perturb.keep import keep_variants
+    from leakray.sandbox import Sandbox, SandboxConfig
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from cpu_by_process import machine_busy_idle
+
+    tasks = read_humaneval_x(path)[:n]
+    variants = [variants_of(t, 0, KINDS) for t in tasks]
+    programs = len(tasks) + sum(1 for v in variants for x in v if hasattr(x, "prompt"))
+    print(f"{programs} Java programs (references and AdvPrompt variants of {len(tasks)} tasks of {Path(path).name}), "
+          f"{workers} threads, {batch} tasks per run_many")
+    print(f"{'arm':<34}{'wall s':>8}{'busy CPU s':>12}{'kept':>6}{'failed':>8}")
+    verdicts, times = {}, {}
+    for _ in range(2):
+        for name, warm in (("cold javac per run (before)", False), ("warm javac (now)", True)):
+            sb = Sandbox(SandboxConfig(timeout_s=10, warm=warm))
+            if warm and sb._javacs is None:
+                raise SystemExit(f"no warm path here (isolation {sb.isolation}, root and bubblewrap needed)")
+            busy, t0 = machine_busy_idle()[0], time.perf_counter()
+            checks = [c for i in range(0, len(tasks), batch)
+                      for row in keep_variants(tasks[i:i + batch], variants[i:i + batch], sb, workers=workers)
+                      for c in row]
+            wall, busy = time.perf_counter() - t0, machine_busy_idle()[0] - busy
+            sb.close()
+            verdicts.setdefault(name, set()).add(tuple((c.task_id, c.slot, c.status) for c in checks))
+            times.setdefault(name, []).append((wall, busy))
+            print(f"{name:<34}{wall:>8.1f}{busy:>12.1f}{sum(c.kept for c in checks):>6}"
+                  f"{sum(c.status == 'failed' for c in checks):>8}")
+    (cold, warm_) = (min(times[k]) for k in times)
+    same = len({v for vs in verdicts.values() for v in vs}) == 1
+    print(f"warm / cold, best of two: wall {cold[0] / warm_[0]:.2f}x faster, busy CPU {cold[1] / warm_[1]:.2f}x less; "
+          f"the same verdict for every program both ways: {same}")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 # javac over one big source set in a test: C1 only and the serial GC, as the sandbox runs javac
-# (sandbox/runners._jvm_flags). The same wall time with half the CPU: over ~1,800 Java variants 19.4 s
+# (sandbox/runners.jvm_flags). The same wall time with half the CPU: over ~1,800 Java variants 19.4 s
 # and 18.6 user s against 19.6 s and 36.5 by default (C2's compiler threads and the parallel GC kept
 # the second core busy for nothing but themselves).
 JAVAC_ONE_CORE = ["-J-XX:+UseSerialGC", "-J-XX:TieredStopAtLevel=1"]

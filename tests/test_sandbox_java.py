@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -253,6 +254,157 @@ def test_manifest_codebases_follow_class_path_transitively(tmp_path):
 def test_jdk_without_security_manager_is_refused(sb, monkeypatch):
     from leakray.sandbox import runners
 
-    monkeypatch.setitem(runners._JAVA_MAJOR, runners._java_bin(sb.config, "java"), 24)
+    monkeypatch.setitem(runners._JAVA_MAJOR, runners.java_bin(sb.config, "java"), 24)
     res = run(sb, SOLUTION)
     assert res[X.STATUS] == "error" and "JDK 17-23" in res[X.STDERR_TAIL], res
+
+
+# ---- the warm javac (sandbox/javac_warm.py) -----------------------------------------------------
+PARITY = {  # each a verdict the cold javac gives; the warm one must give the same
+    "pass": SOLUTION,
+    "fail": "import java.util.*;\nclass Solution {\n    public int add(int a, int b) { return a - b; }\n}\n",
+    "compile": "import java.util.*;\nclass Solution {\n    public int add(int a, int b) { return c; }\n}\n",
+    "throws": "import java.util.*;\nclass Solution {\n    public int add(int a, int b) { throw new RuntimeException(\"boom\"); }\n}\n",
+    "exit": "import java.util.*;\nclass Solution {\n    public int add(int a, int b) { System.exit(0); return 3; }\n}\n",
+    # nested and anonymous classes and a lambda: class files beyond one per source
+    "inner": ("import java.util.*;\nclass Solution {\n    static class Box { int v; Box(int v) { this.v = v; } }\n"
+              "    public int add(int a, int b) {\n        Runnable r = new Runnable() { public void run() {} };\n"
+              "        r.run();\n        java.util.function.IntBinaryOperator f = (x, y) -> new Box(x + y).v;\n"
+              "        return f.applyAsInt(a, b);\n    }\n}\n"),
+    # the harness's classes arrive in .h/, read-only: writing there is refused as before
+    "write_h": ("import java.util.*;\nclass Solution {\n    public int add(int a, int b) {\n        try {\n"
+                "            java.nio.file.Files.write(java.nio.file.Paths.get(System.getProperty(\"leakray.work\"), "
+                "\".h\", \"LeakrayHarness.class\"), new byte[1]);\n"
+                "        } catch (Exception e) { throw new RuntimeException(e); }\n        return a + b;\n    }\n}\n"),
+}
+
+
+def _jvm_of(server) -> int:
+    """The pid of a warm javac's JVM: its bubblewrap's descendant named java."""
+    import os
+
+    parent = {}
+    for proc in os.listdir("/proc"):
+        try:
+            if proc.isdigit():
+                stat = open(f"/proc/{proc}/stat").read()
+                parent[int(proc)] = (int(stat.rsplit(")", 1)[1].split()[1]), stat.split("(", 1)[1].rsplit(")", 1)[0])
+        except OSError:
+            continue
+    for pid, (_, comm) in parent.items():
+        up = pid
+        while up in parent and up != server.proc.pid:
+            up = parent[up][0]
+        if up == server.proc.pid and comm == "java":
+            return pid
+    raise AssertionError("no JVM under the warm javac's bubblewrap")
+
+
+def _gone(pid: int, within_s: float = 10.0) -> bool:
+    import time
+
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        try:
+            if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] in "ZX":
+                return True  # dead, waiting for its reaper
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.slow
+def test_warm_javac_gives_the_cold_verdicts():
+    cold = Sandbox(SandboxConfig(timeout_s=10, warm=False))
+    warm = Sandbox(SandboxConfig(timeout_s=10))
+    if warm._javacs is None:
+        pytest.skip("warm runs need root and bubblewrap")
+    try:
+        got = {warm_: {name: run(sb, p) for name, p in PARITY.items()} for warm_, sb in ((False, cold), (True, warm))}
+        assert {n: r[X.STATUS] for n, r in got[True].items()} == {n: r[X.STATUS] for n, r in got[False].items()}
+        assert {n: r[X.STATUS] for n, r in got[True].items()} == {
+            "pass": "passed", "fail": "failed", "compile": "error", "throws": "failed", "exit": "failed",
+            "inner": "passed", "write_h": "failed"}
+        # javac's own words, naming the source as a cold javac in the work dir does
+        assert got[True]["compile"][X.STDERR_TAIL] == got[False]["compile"][X.STDERR_TAIL]
+        assert "Solution.java:4: error: cannot find symbol" in got[True]["compile"][X.STDERR_TAIL]
+        # the runs were compiled warm, by one server per concurrent slot, never as root
+        (pool,) = warm._javacs.values()
+        assert len(pool._idle) == 1 and pool._idle[0].compiles == len(PARITY)
+        server = pool._idle[0]
+        jvm = _jvm_of(server)
+        assert open(f"/proc/{jvm}/status").read().split("\nUid:\t")[1].split("\t")[0] != "0"
+    finally:
+        warm.close()
+    # closed with the sandbox: its bubblewrap at once, the JVM as the kernel tears its namespace down
+    assert server.proc.poll() is not None and _gone(jvm)
+
+
+@pytest.mark.slow
+def test_a_warm_javac_past_its_grace_is_a_timeout_and_the_next_run_compiles_anew():
+    sb = Sandbox(SandboxConfig(timeout_s=10, compile_grace_s=0.05))
+    if sb._javacs is None:
+        pytest.skip("warm runs need root and bubblewrap")
+    try:
+        run(sb, SOLUTION)  # starts the server (its start is not the compile's)
+        r = run(sb, SOLUTION)
+        assert r[X.STATUS] == "timeout" and "javac did not finish within 0.05 s" in r[X.STDERR_TAIL]
+        (pool,) = sb._javacs.values()
+        assert not pool._idle  # the server that overran was killed, not given back
+        sb.config.compile_grace_s = 20.0
+        assert run(sb, SOLUTION)[X.STATUS] == "passed"
+    finally:
+        sb.close()
+
+
+@pytest.mark.slow
+def test_a_warm_javac_that_fails_leaves_the_run_to_a_cold_javac(monkeypatch):
+    from leakray.sandbox import javac_warm
+
+    def dies(self, *args, **kwargs):
+        self.close()
+        return None
+    monkeypatch.setattr(javac_warm.JavacServer, "compile", dies)
+    sb = Sandbox(SandboxConfig(timeout_s=10))
+    try:
+        assert run(sb, SOLUTION)[X.STATUS] == "passed"
+        assert run(sb, PARITY["fail"])[X.STATUS] == "failed"
+    finally:
+        sb.close()
+
+
+@pytest.mark.slow
+def test_a_warm_javac_that_cannot_start_leaves_every_run_to_the_cold_javac(monkeypatch):
+    from leakray.sandbox import core, javac_warm
+
+    monkeypatch.setattr(javac_warm, "SERVER_JAVA", "class LeakrayJavac { not java }")
+    sb = Sandbox(SandboxConfig(timeout_s=10))
+    if sb._javacs is None:
+        pytest.skip("warm runs need root and bubblewrap")
+    try:
+        assert run(sb, SOLUTION)[X.STATUS] == "passed"
+        assert list(sb._javacs.values()) == [core._COLD]  # not tried again for every run
+        assert run(sb, PARITY["fail"])[X.STATUS] == "failed"
+    finally:
+        sb.close()
+
+
+@pytest.mark.slow
+def test_a_warm_javac_retires_after_its_compiles_and_a_new_one_takes_over(monkeypatch):
+    from leakray.sandbox import javac_warm
+
+    monkeypatch.setattr(javac_warm, "MAX_COMPILES", 2)
+    sb = Sandbox(SandboxConfig(timeout_s=10))
+    if sb._javacs is None:
+        pytest.skip("warm runs need root and bubblewrap")
+    try:
+        assert run(sb, SOLUTION)[X.STATUS] == "passed"
+        (pool,) = sb._javacs.values()
+        (first,) = pool._idle
+        assert run(sb, SOLUTION)[X.STATUS] == "passed"
+        assert not pool._idle and first.proc.poll() is not None  # retired and reaped, not given back
+        assert run(sb, PARITY["fail"])[X.STATUS] == "failed"
+        assert len(pool._idle) == 1 and pool._idle[0].compiles == 1
+    finally:
+        sb.close()

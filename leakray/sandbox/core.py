@@ -6,6 +6,8 @@ wall-clock timer that kills the whole tree."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import re
 import secrets
@@ -19,6 +21,8 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 from leakray.sandbox import isolation as iso
+from leakray.sandbox import java as J
+from leakray.sandbox import javac_warm
 from leakray.sandbox import runners as R
 from leakray.sandbox import warm
 from leakray.errors import BadInput
@@ -72,18 +76,27 @@ class Sandbox:
         java = [os.path.join(self.config.java_home, "bin", "java")] if self.config.java_home else []
         self._exposed = iso.exposed_paths([self.config.python] + java, [os.path.dirname(os.path.abspath(__file__))])
         self._zygotes = None
+        # warm javacs, one pool per set of bound paths (the JUnit jars a compile needs on its class path)
+        self._javacs: dict[tuple, warm.ZygotePool | object] | None = None
         if self.config.warm and self.isolation == iso.BWRAP and self._uids is not None:
             self._zygotes = warm.ZygotePool(self._new_zygote)
-            weakref.finalize(self, self._zygotes.close)
+            self._javacs = {}
+            weakref.finalize(self, _close_pools, self._zygotes, self._javacs)
 
     def _new_zygote(self) -> warm.Zygote:
         uid, lock = self._uids.acquire()
         return warm.Zygote(self.config.python, uid, lock, self.config.work_dir_mb * 2, self._exposed)
 
+    def _new_javac(self, ro_binds: tuple) -> javac_warm.JavacServer:
+        cfg = self.config
+        uid, lock = self._uids.acquire()  # the server releases it when it closes, or fails to start
+        return javac_warm.JavacServer(R.java_bin(cfg, "java"), R.jvm_flags(cfg), uid, lock, cfg.work_dir_mb,
+                                      cfg.java_memory_mb, cfg.max_procs, self._exposed + list(ro_binds))
+
     def close(self) -> None:
         """Stop the warm workers (also done when the Sandbox is garbage-collected or the host exits)."""
         if self._zygotes:
-            self._zygotes.close()
+            _close_pools(self._zygotes, self._javacs)
 
     # ---- public API -------------------------------------------------------------------------
     def run(self, request: dict) -> dict:
@@ -142,6 +155,11 @@ class Sandbox:
         return rid, runner, req[X.PROGRAM], req[X.TESTS], float(timeout)
 
     def _run_plan(self, rid, plan: R.Plan) -> dict:
+        if plan.javac_args is not None and self._javacs is not None:
+            compiled = self._compile_warm(rid, plan)
+            if isinstance(compiled, dict):
+                return compiled  # javac refused the sources, or did not finish: the run's result
+            plan = compiled or plan  # None: no warm javac answered, the plan compiles cold
         token = secrets.token_hex(16)
         raw = self._exec_warm(plan, token) if self._zygotes and plan.mode else None
         if raw is None:
@@ -169,6 +187,44 @@ class Sandbox:
         elif verdict is None and status == "failed":  # say why, or an exit(0) looks like a silent failure
             stderr += f"\n[leakray] the run ended (exit status {raw['rc']}) before the tests reported"
         return _result(rid, status, raw["duration"], _tail(raw["stdout"], n), stderr[-n:])
+
+    def _compile_warm(self, rid, plan: R.Plan) -> R.Plan | dict | None:
+        """The plan's sources compiled by a warm javac: the plan that runs the classes, a result
+        (`error` with javac's diagnostics, as a cold javac's refusal gives; `timeout` past the
+        compile grace), or None when no warm javac could answer (then the plan compiles cold)."""
+        key = tuple(plan.ro_binds)
+        pool = self._javacs.get(key)
+        if pool is None:
+            pool = self._javacs.setdefault(key, warm.ZygotePool(functools.partial(self._new_javac, key)))
+        if pool is _COLD:
+            return None
+        try:
+            server = pool.borrow()
+        except RuntimeError:  # it did not start (a JDK without its compiler module, a JVM refusing the
+            self._javacs[key] = _COLD  # limits): every run compiles cold rather than trying again
+            pool.close()
+            return None
+        # in the cold javac's order (sorted), so its diagnostics come in the same order
+        sources = {name: plan.files[name] for name in sorted(plan.files) if name.endswith(".java")}
+        start = time.monotonic()
+        try:
+            got = server.compile(plan.javac_args, sources, timeout=self.config.compile_grace_s)
+        except javac_warm.CompileTimeout:
+            return _result(rid, "timeout", time.monotonic() - start,
+                           stderr=f"[leakray] javac did not finish within {self.config.compile_grace_s:g} s")
+        if got is None:
+            return None
+        if server.alive():
+            pool.give_back(server)
+        else:
+            server.close()  # retired after its last compile: its process reaped, its uid freed
+        rc, said, classes = got
+        if rc != 0:
+            return _result(rid, "error", time.monotonic() - start, stderr=_tail(said.encode(), self.config.tail_bytes))
+        harness = set(J.HARNESS_CLASSES)
+        files: dict[str, str | bytes] = dict(plan.files)
+        files.update({(".h/" if name in harness else "classes/") + name: data for name, data in classes.items()})
+        return dataclasses.replace(plan, files=files, argv=plan.warm_argv, javac_args=None)
 
     def _exec_warm(self, plan: R.Plan, token: str, stdin: str | None = None) -> dict | None:
         """Fork the run from a warm interpreter; None when no zygote could answer (then run cold)."""
@@ -214,7 +270,7 @@ class Sandbox:
         # every case's output was compared by us, outside the sandbox: that is the proof
         return _result(rid, "passed", 0.0, _tail(last["stdout"], n), _tail(last["stderr"], n))
 
-    def _exec(self, files: dict[str, str], argv: list[str], memory_mb: int, wall_s: float, *,
+    def _exec(self, files: dict[str, str | bytes], argv: list[str], memory_mb: int, wall_s: float, *,
               stdin: bytes | None = None, ro_binds=()) -> dict:
         cfg = self.config
         uid, uid_lock = self._uids.acquire() if self._uids else (None, None)
@@ -239,7 +295,7 @@ class Sandbox:
                 for name, text in files.items():
                     fd = os.memfd_create("leakray", 0)
                     opened.append(fd)
-                    os.write(fd, text.encode("utf-8"))
+                    os.write(fd, text if isinstance(text, bytes) else text.encode("utf-8"))
                     os.lseek(fd, 0, os.SEEK_SET)
                     fds[name] = fd
                 pass_fds += list(fds.values())
@@ -249,8 +305,8 @@ class Sandbox:
             else:
                 work = tempfile.mkdtemp(prefix="leakray-run-")
                 for name, text in files.items():
-                    with open(os.path.join(work, name), "w", encoding="utf-8") as fh:
-                        fh.write(text)
+                    with open(os.path.join(work, name), "wb") as fh:
+                        fh.write(text if isinstance(text, bytes) else text.encode("utf-8"))
                 if uid is not None:
                     for path in [work] + [os.path.join(work, f) for f in files]:
                         os.chown(path, uid, uid)
@@ -297,6 +353,16 @@ class Sandbox:
                 shutil.rmtree(work, ignore_errors=True)
             if uid_lock is not None:
                 iso.UidPool.release(uid_lock)
+
+
+_COLD = object()  # a `_javacs` entry: no warm javac could start for these binds
+
+
+def _close_pools(zygotes: warm.ZygotePool, javacs: dict) -> None:
+    zygotes.close()
+    for pool in list(javacs.values()):
+        if pool is not _COLD:
+            pool.close()
 
 
 def read_verdict(channel: bytes, token: str) -> tuple[str | None, str | None]:

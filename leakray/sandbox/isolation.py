@@ -183,7 +183,15 @@ def bwrap_argv(*, files: dict[str, int], work_dir_mb: int, env: dict[str, str], 
                 argv += ["--perms", "0755", "--dir", parent]
         argv += ["--ro-bind", src, dest]
     for name, fd in files.items():
-        argv += ["--perms", "0666", "--file", str(fd), f"/tmp/{name}"]
+        # a name with a directory (the warm javac's classes/, .h/): its parents made first, root's,
+        # and the file read-only, as the program has no business changing its own classes
+        parts = name.split("/")[:-1]
+        for k in range(1, len(parts) + 1):
+            parent = "/tmp/" + "/".join(parts[:k])
+            if parent not in made:
+                made.add(parent)
+                argv += ["--perms", "0755", "--dir", parent]
+        argv += ["--perms", "0444" if parts else "0666", "--file", str(fd), f"/tmp/{name}"]
     argv += ["--chdir", "/tmp", "--clearenv"]
     for key, value in env.items():
         argv += ["--setenv", key, value]

@@ -35,12 +35,16 @@ class RunnerError(ValueError):
 
 @dataclass
 class Plan:
-    files: dict[str, str]
+    files: dict[str, str | bytes]  # bytes: compiled classes (the warm javac)
     argv: list[str]  # "{fd}" is replaced by the result channel's fd number
     memory_mb: int
     wall_s: float
     ro_binds: list[tuple[str, str]] = field(default_factory=list)
     mode: str | None = None  # the Python harness mode, when a warm zygote may run it instead
+    # Java: javac's arguments (no -d, no sources) and the run's script once the classes are there,
+    # when a warm javac (javac_warm.py) may compile instead of the plan's own javac step
+    javac_args: list[str] | None = None
+    warm_argv: list[str] | None = None
 
 
 def python_plan(mode: str, program: str, tests: str, cfg: SandboxConfig, timeout: float) -> Plan:
@@ -51,7 +55,7 @@ def python_plan(mode: str, program: str, tests: str, cfg: SandboxConfig, timeout
     return Plan(files, [cfg.python, "-I", HARNESS_PY, mode, "{fd}"], cfg.memory_mb, timeout, mode=mode)
 
 
-def _jvm_flags(cfg: SandboxConfig, prefix: str = "") -> list[str]:
+def jvm_flags(cfg: SandboxConfig, prefix: str = "") -> list[str]:
     # explicit sizes for every big reservation, so the JVM starts under RLIMIT_AS
     flags = [f"-Xmx{cfg.java_heap_mb}m", "-Xss8m", "-XX:CompressedClassSpaceSize=64m",
              "-XX:MaxMetaspaceSize=256m", "-XX:ReservedCodeCacheSize=64m", "-XX:+UseSerialGC",
@@ -60,7 +64,7 @@ def _jvm_flags(cfg: SandboxConfig, prefix: str = "") -> list[str]:
     return [prefix + f for f in flags]
 
 
-def _java_bin(cfg: SandboxConfig, tool: str) -> str:
+def java_bin(cfg: SandboxConfig, tool: str) -> str:
     return os.path.join(cfg.java_home, "bin", tool) if cfg.java_home else tool
 
 
@@ -81,7 +85,7 @@ def java_major(java: str) -> int | None:
 
 
 def java_plan(mode: str, program: str, tests: str, cfg: SandboxConfig, timeout: float) -> Plan:
-    major = java_major(_java_bin(cfg, "java"))
+    major = java_major(java_bin(cfg, "java"))
     if major is not None and not 17 <= major <= 23:  # the verdict's wall is the SecurityManager
         raise RunnerError(f"the Java runners need JDK 17-23 (found {major}): JDK 24 removed the SecurityManager "
                           "that keeps the verdict from the program; set SandboxConfig.java_home")
@@ -113,28 +117,31 @@ def java_plan(mode: str, program: str, tests: str, cfg: SandboxConfig, timeout: 
     files["LeakrayReport.java"] = J.REPORT
     files["leakray.policy"] = J.policy(trusted)
     sources = sorted(f for f in files if f.endswith(".java"))
-    jflags = _jvm_flags(cfg, "-J")
-    archive = cds.javac_archive(_java_bin(cfg, "javac"), jflags)
+    jflags = jvm_flags(cfg, "-J")
+    archive = cds.javac_archive(java_bin(cfg, "javac"), jflags)
     if archive:
         binds.append((archive, "/tmp/.cds/javac.jsa"))
         jflags = jflags + ["-J-XX:SharedArchiveFile=/tmp/.cds/javac.jsa"]
-    javac = [_java_bin(cfg, "javac"), *jflags, "-proc:none", "-nowarn", "-encoding",
-             "UTF-8", "-d", "classes"] + (["-cp", cp] if cp else []) + sources
+    javac_args = ["-proc:none", "-nowarn", "-encoding", "UTF-8"] + (["-cp", cp] if cp else [])
+    javac = [java_bin(cfg, "javac"), *jflags, *javac_args, "-d", "classes", *sources]
     # the harness's classes leave the program's class dir for .h/, which only they may use; the
     # program runs in run/, the one place it may write
     # javac reads the sources as UTF-8 whatever the locale; the run's default charset is pinned to UTF-8
     # as well rather than left to the locale the isolation sets, so getBytes(), readers and printing of
     # non-ASCII text (NCB's Chinese expected values) behave as under upstream's UTF-8 images
-    java = [_java_bin(cfg, "java"), *_jvm_flags(cfg), "-Dfile.encoding=UTF-8", "-Djava.security.manager",
+    java = [java_bin(cfg, "java"), *jvm_flags(cfg), "-Dfile.encoding=UTF-8", "-Djava.security.manager",
             '-Djava.security.policy==$W/leakray.policy', "-Dleakray.work=$W", "-Djava.io.tmpdir=$W/run",
             "-cp", "$W/.h:$W/classes" + (":" + cp if cp else ""), "LeakrayHarness", "{fd}", *extra]
     # javac gets the compile grace; the program only its own timeout (coreutils exits 124 on expiry)
     run = ["timeout", "-k", "1", f"{timeout:g}s", *java]
+    exec_run = f"exec {' '.join(_sh_word(a) for a in run)}\n"
     script = (f"{shlex.join(javac)} 1>&2 || exit {COMPILE_ERROR_RC}\n"
               f"W=$PWD; mkdir .h run && mv {' '.join('classes/' + c for c in J.HARNESS_CLASSES)} .h/ "
-              f"|| exit {COMPILE_ERROR_RC}\ncd run\n"
-              f"exec {' '.join(_sh_word(a) for a in run)}\n")
-    return Plan(files, ["/bin/sh", "-c", script], cfg.java_memory_mb, timeout + cfg.compile_grace_s, binds)
+              f"|| exit {COMPILE_ERROR_RC}\ncd run\n" + exec_run)
+    # compiled by a warm javac, the classes arrive in classes/ and the harness's in .h/
+    warm = f"W=$PWD; mkdir run || exit {COMPILE_ERROR_RC}\ncd run\n" + exec_run
+    return Plan(files, ["/bin/sh", "-c", script], cfg.java_memory_mb, timeout + cfg.compile_grace_s, binds,
+                javac_args=javac_args, warm_argv=["/bin/sh", "-c", warm])
 
 
 def _sh_word(arg: str) -> str:
