@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import os
 import select
-import signal
 import struct
 import subprocess
 
 from leakray.sandbox import isolation as iso
+from leakray.sandbox import warm
 
 MAX_COMPILES = 400  # a server's compiles before it retires (javac's symbol caches, the heap)
 MAX_CLASS_BYTES = 32 << 20  # the class files one compile may hand back
@@ -122,6 +122,7 @@ class JavacServer:
     def __init__(self, java: str, jvm_flags: list[str], uid: int, uid_lock: int, work_dir_mb: int,
                  memory_mb: int, max_procs: int, ro_binds, start_timeout_s: float = 60.0):
         self.uid, self._uid_lock, self.compiles = uid, uid_lock, 0  # the uid's lock is ours to release now
+        self.proc: subprocess.Popen | None = None
         try:
             self._start(java, jvm_flags, uid, work_dir_mb, memory_mb, max_procs, ro_binds, start_timeout_s)
         except BaseException:
@@ -199,20 +200,10 @@ class JavacServer:
         return got
 
     def alive(self) -> bool:
-        return self.proc.poll() is None and self.compiles < MAX_COMPILES
+        return self.proc is not None and self.proc.poll() is None and self.compiles < MAX_COMPILES
 
     def close(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError, AttributeError):
-            pass
-        if hasattr(self, "proc"):
-            self.proc.wait()
-            for f in (self.proc.stdin, self.proc.stdout):
-                try:
-                    f.close()
-                except OSError:
-                    pass
+        warm.stop(self.proc)
         if self._uid_lock is not None:
             iso.UidPool.release(self._uid_lock)
             self._uid_lock = None

@@ -47,19 +47,26 @@ class Zygote:
         return self.proc.poll() is None
 
     def close(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait()
-        for f in (self.proc.stdin, self.proc.stdout):
-            try:
-                f.close()
-            except OSError:
-                pass
+        stop(self.proc)
         if self._uid_lock is not None:
             iso.UidPool.release(self._uid_lock)
             self._uid_lock = None
+
+
+def stop(proc: subprocess.Popen | None) -> None:
+    """Kill a warm worker's sandbox (its bubblewrap's process group), reap it, close its pipes."""
+    if proc is None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+    for f in (proc.stdin, proc.stdout):
+        try:
+            f.close()
+        except OSError:
+            pass
 
 
 class ZygotePool:
