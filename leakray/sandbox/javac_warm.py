@@ -26,6 +26,7 @@ import os
 import select
 import struct
 import subprocess
+import time
 
 from leakray.sandbox import isolation as iso
 from leakray.sandbox import warm
@@ -147,7 +148,7 @@ class JavacServer:
         finally:
             os.close(src)
         try:
-            ready = self._read(4, start_timeout_s)
+            ready = self._read(4, time.monotonic() + start_timeout_s)
         except (OSError, EOFError, TimeoutError):
             ready = b""
         if ready != b"LRJC":
@@ -155,7 +156,9 @@ class JavacServer:
 
     def compile(self, args: list[str], sources: dict[str, str], timeout: float) -> tuple[int, str, dict[str, bytes]] | None:
         """(javac's exit status, its diagnostics, {relative path: class bytes}); None when the
-        server is gone or answered nonsense (closed: compile cold). Raises CompileTimeout."""
+        server is gone or answered nonsense (closed: compile cold). Raises CompileTimeout when
+        the whole answer has not come within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
         try:
             frame = [struct.pack(">i", len(args))] + [_blob(a.encode()) for a in args]
             frame += [struct.pack(">i", len(sources))]
@@ -163,12 +166,12 @@ class JavacServer:
             data = memoryview(b"".join(frame))
             while data:
                 data = data[self.proc.stdin.write(data):]
-            rc = struct.unpack(">i", self._read(4, timeout))[0]
-            said = self._blob(timeout).decode("utf-8", errors="replace")
+            rc = struct.unpack(">i", self._read(4, deadline))[0]
+            said = self._blob(deadline).decode("utf-8", errors="replace")
             classes, total = {}, 0
-            for _ in range(struct.unpack(">i", self._read(4, timeout))[0]):
-                name = self._blob(timeout).decode("utf-8")
-                data = self._blob(timeout)
+            for _ in range(struct.unpack(">i", self._read(4, deadline))[0]):
+                name = self._blob(deadline).decode("utf-8")
+                data = self._blob(deadline)
                 total += len(data)
                 if total > MAX_CLASS_BYTES or name.startswith("/") or ".." in name.split("/"):
                     raise ValueError("class files past the limit, or a name outside the class dir")
@@ -182,16 +185,18 @@ class JavacServer:
         self.compiles += 1
         return rc, said, classes
 
-    def _blob(self, timeout: float) -> bytes:
-        n = struct.unpack(">i", self._read(4, timeout))[0]
+    def _blob(self, deadline: float) -> bytes:
+        n = struct.unpack(">i", self._read(4, deadline))[0]
         if not 0 <= n <= MAX_CLASS_BYTES:
             raise ValueError(f"bad length {n}")
-        return self._read(n, timeout)
+        return self._read(n, deadline)
 
-    def _read(self, n: int, timeout: float) -> bytes:
+    def _read(self, n: int, deadline: float) -> bytes:
+        """``n`` bytes of the answer, all of them by ``deadline`` (time.monotonic's clock)."""
         out, got = self.proc.stdout, b""
         while len(got) < n:
-            if not select.select([out], [], [], timeout)[0]:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([out], [], [], left)[0]:
                 raise TimeoutError
             chunk = out.read(n - len(got))
             if not chunk:
