@@ -154,7 +154,8 @@ class JavacServer:
         if ready != b"LRJC":
             raise RuntimeError("the warm javac did not start")
 
-    def compile(self, args: list[str], sources: dict[str, str], timeout: float) -> tuple[int, str, dict[str, bytes]] | None:
+    def compile(self, args: list[str], sources: dict[str, str],
+                timeout: float) -> tuple[int, str, dict[str, bytes]] | None:
         """(javac's exit status, its diagnostics, {relative path: class bytes}); None when the
         server is gone or answered nonsense (closed: compile cold). Raises CompileTimeout when
         the whole answer has not come within ``timeout`` seconds."""
