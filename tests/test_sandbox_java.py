@@ -24,6 +24,11 @@ def sb():
     return Sandbox(SandboxConfig(timeout_s=10))
 
 
+@pytest.fixture(scope="module")
+def cold_sb():
+    return Sandbox(SandboxConfig(timeout_s=10, warm=False))
+
+
 def run(sb, program, tests=MAIN, runner=None):
     req = {X.ID: "j", X.LANGUAGE: "java", X.PROGRAM: program, X.TESTS: tests}
     if runner:
@@ -99,7 +104,7 @@ def test_a_program_killed_after_outliving_its_timeout_is_a_timeout(sb):
 
 # Issue 12: the program may not find the token in the JVM's memory, reach the harness's locals, or
 # write to the channel; writing candidate lines gets nowhere either (the host takes exactly one).
-# Java runs cold only (no warm path): each attack below is the cold path.
+# Each attack runs twice: compiled by a warm javac (the default) and by a cold one.
 FORGE_JAVA = {
     "proc_self_mem": (
         'try { java.util.List<String> maps = java.nio.file.Files.readAllLines(java.nio.file.Paths.get("/proc/self/maps"));'
@@ -137,9 +142,10 @@ FORGE_JAVA = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("attack", sorted(FORGE_JAVA))
-def test_java_forgery_is_refused(sb, attack):
+@pytest.mark.parametrize("compiled", ["warm", "cold"])
+def test_java_forgery_is_refused(sb, cold_sb, attack, compiled):
     prog = SOLUTION.replace("return a + b;", FORGE_JAVA[attack] + "\n        return a - b;")
-    res = run(sb, prog)
+    res = run(sb if compiled == "warm" else cold_sb, prog)
     assert res[X.PASSED] is False and res[X.STATUS] != "passed", res
     assert "refused: java.security.AccessControlException" in res[X.STDERR_TAIL], res  # the policy said no
 
