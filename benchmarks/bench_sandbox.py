@@ -91,7 +91,7 @@ def _bwrap_true_ms(runs: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=164, help="HumanEval tasks per measurement")
+    ap.add_argument("--n", type=int, default=None, help="tasks per measurement (default: 164, 24 with --java)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--runs", type=int, default=30, help="sequential runs for the overhead medians")
     ap.add_argument("--batches", action="store_true", help="the proofs in batches, zygotes before and now")
@@ -100,11 +100,12 @@ def main() -> None:
                     help="Java proofs, cold javac against warm (default file: shared/benchmarks' HumanEval-X Java)")
     args = ap.parse_args()
     if args.java:
-        _java(args.java, args.n if args.n != 164 else 24, args.batch, args.workers)
+        _java(args.java, args.n or 24, args.batch, args.workers)
         return
 
     from leakray.data.humaneval import read_humaneval
 
+    args.n = args.n or 164
     tasks = read_humaneval()[:args.n]
     if args.batches:
         _batches(tasks, args.batch, args.workers)

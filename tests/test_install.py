@@ -63,7 +63,6 @@ def test_a_setting_without_a_uv_equivalent_leaves_the_install_to_pip(uv_install,
     assert uv_install.main(["-e", "."]) == uv_install.UNKNOWN_SETTING and ran == []  # uv never started
 
 
-
 def test_unreadable_pip_settings_leave_the_install_to_pip(uv_install, monkeypatch, capsys):
     def fails(*a, **k):
         raise subprocess.CalledProcessError(2, a[0])

@@ -122,7 +122,7 @@ class JavacServer:
 
     def __init__(self, java: str, jvm_flags: list[str], uid: int, uid_lock: int, work_dir_mb: int,
                  memory_mb: int, max_procs: int, ro_binds, start_timeout_s: float = 60.0):
-        self.uid, self._uid_lock, self.compiles = uid, uid_lock, 0  # the uid's lock is ours to release now
+        self._uid_lock, self.compiles = uid_lock, 0  # the uid's lock is ours to release now
         self.proc: subprocess.Popen | None = None
         try:
             self._start(java, jvm_flags, uid, work_dir_mb, memory_mb, max_procs, ro_binds, start_timeout_s)
