@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from leakray.models.decode import Request, _chunks, _top_p, decode
+from leakray.models.decode import Request, _chunks, _top_p, _top_p_sorted, decode
 
 PROMPTS = ['def add(a, b):\n    """Return a + b."""\n', "def mul(a, b):\n",
            'class Box:\n    """A box."""\n\n    def size(self):\n', "import os\n\n\ndef walk(path):\n"]
@@ -88,6 +88,34 @@ def test_top_p_equals_transformers_warper():
     logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(0)) * 3
     for p in (0.1, 0.5, 0.95):
         assert torch.equal(_top_p(logits, p), TopPLogitsWarper(p)(None, logits))
+
+
+def test_top_p_equals_the_warper_with_ties_and_masked_tokens(monkeypatch):
+    """numpy's sort and a cut by value, or the warper's own sort where equal values straddle the
+    cut: the warper's result to the bit either way, and the cut by value on untied rows."""
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    import leakray.models.decode as dec
+
+    sorted_calls = []
+    monkeypatch.setattr(dec, "_top_p_sorted", lambda x, p: sorted_calls.append(1) or _top_p_sorted(x, p))
+    gen = torch.Generator().manual_seed(1)
+    untied_sorted = 0
+    for trial in range(600):
+        rows, vocab = int(torch.randint(1, 40, (1,), generator=gen)), int(torch.randint(2, 500, (1,), generator=gen))
+        x = torch.randn(rows, vocab, generator=gen) * float(torch.rand(1, generator=gen) * 6)
+        if trial % 4 == 1:
+            x = torch.round(x * 2) / 2  # many equal values
+        if trial % 4 == 2:
+            x[:, : vocab // 2] = -float("inf")  # banned tokens
+        p, before = float(torch.rand(1, generator=gen)), len(sorted_calls)
+        assert torch.equal(dec._top_p(x.clone(), p), TopPLogitsWarper(p)(None, x.clone())), trial
+        untied_sorted += trial % 4 in (0, 3) and len(sorted_calls) > before
+    assert sorted_calls and untied_sorted == 0  # the warper's way only where equal values meet at the cut
+    # a tie across the cut: two tokens of 0.3 each, the cut between them -> the warper's way
+    sorted_calls.clear()
+    tie = torch.log(torch.tensor([[0.4, 0.3, 0.3]]))
+    assert torch.equal(dec._top_p(tie, 0.5), TopPLogitsWarper(0.5)(None, tie.clone())) and sorted_calls == [1]
 
 
 def test_chunks_group_prompts_of_similar_length_and_respect_the_cap():

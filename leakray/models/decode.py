@@ -55,9 +55,34 @@ class Generated:
 
 
 def _top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """transformers' TopPLogitsWarper (min_tokens_to_keep=1) on [B, V] logits."""
+    """transformers' TopPLogitsWarper (min_tokens_to_keep=1) on [B, V] logits, to the bit.
+
+    On the CPU the sort is numpy's (SIMD) in place of torch's: sorting a step's [40, 4096]
+    logits took 11-15 ms with `torch.sort` and 0.4 ms with `np.sort`, and was a third of a
+    sampled decoding step. The warper's own arithmetic then runs on the same sorted values, so
+    the cumulative sums are the same floats. Their removed entries are a prefix of the
+    ascending order (the cumulative sum never decreases), so no sort order is needed to place
+    them: a token goes when its logit is below the smallest kept value. That holds unless the
+    last removed value equals the first kept one (a tie across the cut, which only the sort's
+    order of equal values decides) or a row holds NaN; such a batch takes the warper's way."""
     if top_p >= 1.0:
         return logits
+    if logits.device.type == "cpu" and logits.dim() == 2 and logits.numel():
+        import numpy as np
+
+        values = torch.from_numpy(np.sort(logits.detach().numpy(), axis=-1))
+        remove = values.softmax(-1).cumsum(-1) <= (1 - top_p)
+        remove[..., -1:] = False
+        rows, m = torch.arange(len(values)), remove.sum(-1)
+        cut = values[rows, m]  # the smallest kept value (the largest is always kept: m < V)
+        below = values[rows, (m - 1).clamp(min=0)]
+        if bool(((m == 0) | (below < cut)).all()) and not bool(logits.isnan().any()):
+            return logits.masked_fill(logits < cut[:, None], -float("inf"))
+    return _top_p_sorted(logits, top_p)
+
+
+def _top_p_sorted(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The warper's own way: a sort and a scatter of the removed positions back to the tokens."""
     sorted_logits, order = torch.sort(logits, descending=False)
     remove = sorted_logits.softmax(-1).cumsum(-1) <= (1 - top_p)
     remove[..., -1:] = False
