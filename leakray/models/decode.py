@@ -29,6 +29,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import torch
 
 
@@ -64,12 +65,12 @@ def _top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     ascending order (the cumulative sum never decreases), so no sort order is needed to place
     them: a token goes when its logit is below the smallest kept value. That holds unless the
     last removed value equals the first kept one (a tie across the cut, which only the sort's
-    order of equal values decides) or a row holds NaN; such a batch takes the warper's way."""
+    order of equal values decides) or a row holds NaN; such a batch takes the warper's way, as do
+    logits on a GPU (whose sort is fast) and 16-bit logits (numpy has no bfloat16)."""
     if top_p >= 1.0:
         return logits
-    if logits.device.type == "cpu" and logits.dim() == 2 and logits.numel():
-        import numpy as np
-
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64) and logits.dim() == 2 \
+            and logits.numel():
         values = torch.from_numpy(np.sort(logits.detach().numpy(), axis=-1))
         remove = values.softmax(-1).cumsum(-1) <= (1 - top_p)
         remove[..., -1:] = False
