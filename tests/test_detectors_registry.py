@@ -29,8 +29,9 @@ def test_registry_lists_every_detector_with_a_valid_spec():
     names = registry.names()
     # the three memory probes and text_combined joined; then ref_calibrated against a non-oracle reference,
     # then over the prompt and the solution; then the sampled next-token probe (alone, and against
-    # the oracle and the non-oracle reference models); then the same three over the prompt's cuts
-    assert len(names) == len(set(names)) == 36
+    # the oracle and the non-oracle reference models); then the same three over the prompt's cuts;
+    # then AdvPrompt-MIA on its text-only features
+    assert len(names) == len(set(names)) == 37
     schema_cols = set(collection_schema().names)
     for name in names:
         spec = registry.spec(name)

@@ -137,6 +137,43 @@ def test_advprompt_both_settings_separate_a_planted_signal_and_not_noise():
     assert 0.3 < shadow_setting_auc(_adv_collection(60, 3, 0.0), _adv_collection(80, 4, 0.0)) < 0.7
 
 
+def test_advprompt_text_needs_no_perplexity_and_finds_the_similarity_signal():
+    """The text-only variant: what an endpoint without log-probabilities gives (NaN perplexities,
+    or none) is enough for it, its scores do not read them, and the similarity signal alone
+    separates members; the full detector cannot take such a collection."""
+    import pytest
+    from sklearn.metrics import roc_auc_score
+
+    from leakray.detect import registry
+    from leakray.detect.advprompt import PERPLEXITY_FEATURES, AdvPromptConfig
+    from leakray.errors import BadInput
+
+    def text_only(table, drop=False):
+        if drop:
+            return table.drop_columns([C.ADV_PERPLEXITY])
+        nan = pa.array([[float("nan")] * 12] * table.num_rows, table.schema.field(C.ADV_PERPLEXITY).type)
+        return table.set_column(table.schema.get_field_index(C.ADV_PERPLEXITY), C.ADV_PERPLEXITY, nan)
+
+    spec = registry.spec("advprompt_text")
+    assert spec.access == "black box" and C.ADV_PERPLEXITY not in spec.columns and spec.learns
+    small = AdvPromptConfig(epochs=8, batch_size=16, drop_features=("sim_std",)).to_dict()
+    shadow, target = _adv_collection(60, 1, 0.8), _adv_collection(80, 2, 0.8)
+    det = registry.make("advprompt_text", {"config": small}).fit(text_only(shadow), 0)
+    # a user's own drops are kept, and the perplexity features are out whatever the config says
+    assert set(det.config.drop_features) == {"sim_std", *PERPLEXITY_FEATURES} and det.model.in_dim == 13
+    assert det.threshold(text_only(shadow), "shadow_max_mcc")["chosen_on"].startswith("shadow, out-of-fold")
+    member = target.column(C.MEMBER).to_numpy()
+    scores = det.score(text_only(target))
+    assert roc_auc_score(member, scores) > 0.85
+    # the perplexities are not read: present, NaN or absent, the same scores
+    assert np.array_equal(scores, det.score(target)) and np.array_equal(scores, det.score(text_only(target, True)))
+    with pytest.raises(BadInput, match="unperturbed perplexity must be finite"):
+        registry.make("advprompt", {"config": small}).fit(text_only(shadow), 0)
+    noise = registry.make("advprompt_text", {"config": small}).fit(_adv_collection(60, 3, 0.0), 0)
+    clean = _adv_collection(80, 4, 0.0)
+    assert 0.3 < roc_auc_score(clean.column(C.MEMBER).to_numpy(), noise.score(clean)) < 0.7
+
+
 def test_advprompt_ablation_names_every_kind_and_feature():
     from leakray.detect.advprompt import FEATURE_NAMES, AdvPromptConfig
     from leakray.perturb.core import KINDS

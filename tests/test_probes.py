@@ -410,10 +410,30 @@ def black_box(table: pa.Table) -> pa.Table:
             table = table.set_column(table.schema.get_field_index(name), name, pa.nulls(table.num_rows,
                                                                                         sch.field(name).type))
     k = len(table.column(C.PERPLEXITY)[0].as_py())
+    if C.ADV_PERPLEXITY in table.column_names:
+        table = table.set_column(table.schema.get_field_index(C.ADV_PERPLEXITY), C.ADV_PERPLEXITY,
+                                 pa.array([[float("nan")] * 12] * table.num_rows, sch.field(C.ADV_PERPLEXITY).type))
     for name, width in ((C.PERPLEXITY, k), (C.EXPERT, 4 * k)):
         values = [[float("nan")] * k + row[k:] if name == C.EXPERT else [float("nan")] * width
                   for row in table.column(name).to_pylist()]
         table = table.set_column(table.schema.get_field_index(name), name, pa.array(values, sch.field(name).type))
+    return table
+
+
+def with_adv(table: pa.Table, seed: int) -> pa.Table:
+    """AdvPrompt's columns on a rich collection: members' perturbed completions stay near the
+    reference embedding, non-members' drift (as tests/test_perturb_stage.py's collection)."""
+    rng = np.random.default_rng(seed)
+    ref = np.asarray(table.column(C.REF_EMBEDDING).to_pylist())
+    member = table.column(C.MEMBER).to_numpy()
+    n, d = ref.shape
+    emb = ref[:, None, :] + np.where(member == 1, 0.3, 1.0)[:, None, None] * rng.normal(size=(n, 12, d)) * 1.5
+    sch = collection_schema()
+    cols = {C.ADV_KIND: [["base"] + [f"S{j}" for j in range(11)]] * n,
+            C.ADV_PERPLEXITY: np.exp(rng.normal(size=(n, 12)) * 0.3).tolist(),
+            C.ADV_EMBEDDING: emb.reshape(n, -1).tolist()}
+    for name, values in cols.items():
+        table = table.append_column(sch.field(name), pa.array(values, sch.field(name).type))
     return table
 
 
@@ -423,18 +443,22 @@ def test_endpoint_audit_runs_every_text_only_detector_with_a_text_only_primary(t
     from leakray.report.audit import by_access, choose_primary
 
     names = ["ref_loss", "min_k", "detectleak", "gt_match", "cdd", *PROBE_DETECTORS, "text_combined",
-             "leakray_combined"]
+             "leakray_combined", "advprompt", "advprompt_text"]
+    small = "{epochs: 4, batch_size: 16}"  # the paper's 25 epochs of 4 rows are not what this test checks
     cfg = load_config([AUDIT_DEFAULTS], [f"detect.detectors=[{','.join(names)}]", "detect.use_ray_train=false",
-                                         "detect.bootstrap=20"], AuditConfig)
-    shadow = with_probes(rich_collection(n=80, seed=1, signal=0.6))
+                                         "detect.bootstrap=20",
+                                         f"detect.params={{advprompt: {{config: {small}}}, "
+                                         f"advprompt_text: {{config: {small}}}}}"], AuditConfig)
+    shadow = with_adv(with_probes(rich_collection(n=80, seed=1, signal=0.6)), 1)
     card = build_card(shadow, cfg, tmp_path / "card", storage=tmp_path / "ray", meta={"benchmark": {"name": "x"}})
     assert set(card.names) == set(names)
 
-    target = black_box(with_probes(rich_collection(n=40, seed=2, prefix="u", signal=0.6)))
+    target = black_box(with_adv(with_probes(rich_collection(n=40, seed=2, prefix="u", signal=0.6)), 2))
     access, allowed, skipped = by_access(card, target)
-    text_only = {"gt_match", "cdd", *PROBE_DETECTORS, "text_combined"}
+    # AdvPrompt-MIA runs through text alone on its similarity features; the full one needs the perplexities
+    text_only = {"gt_match", "cdd", *PROBE_DETECTORS, "text_combined", "advprompt_text"}
     assert access == "black box" and set(allowed) == text_only
-    assert set(skipped) == {"ref_loss", "min_k", "detectleak", "leakray_combined"}
+    assert set(skipped) == {"ref_loss", "min_k", "detectleak", "leakray_combined", "advprompt"}
     assert all("needs logprobs access; the target gives black box" in why for why in skipped.values())
     scores, unusable = card.score(target, allowed)
     assert set(scores) == text_only and not unusable

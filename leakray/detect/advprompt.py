@@ -44,6 +44,7 @@ N_VARIANTS = len(SLOTS)  # 11
 SLOT_NAMES = tuple(slot_name(k, i) for k, i in SLOTS)
 FEATURE_NAMES = (("sim_base",) + tuple(f"sim_{s}" for s in SLOT_NAMES) + ("sim_mean", "sim_std")
                  + tuple(f"ppl_{s}" for s in SLOT_NAMES) + ("ppl_mean", "ppl_std"))
+PERPLEXITY_FEATURES = tuple(f for f in FEATURE_NAMES if f.startswith("ppl_"))  # what text alone cannot give
 N_FEATURES = len(FEATURE_NAMES)  # 27
 _SIM = slice(0, 12)  # sim_base + 11 slots
 _PPL = slice(14, 25)  # 11 relative perplexities
@@ -310,19 +311,27 @@ def take(arrays: Mapping[str, np.ndarray], idx: np.ndarray) -> dict[str, np.ndar
     return {k: np.asarray(v)[idx] for k, v in arrays.items() if k in ARRAY_KEYS + ("member", "task_id")}
 
 
-def arrays_from_table(table) -> dict[str, np.ndarray]:
-    """A collection's AdvPrompt columns as the detector's arrays (slot 0 = unperturbed)."""
+def arrays_from_table(table, perplexities: bool = True) -> dict[str, np.ndarray]:
+    """A collection's AdvPrompt columns as the detector's arrays (slot 0 = unperturbed).
+
+    ``perplexities=False`` does not read them (the text-only variant, ``advprompt_text``, whose
+    features leave them out: an endpoint that returns no log-probabilities has none): every
+    present slot's perplexity is then a neutral 1, so the arrays pass the checks and the
+    relative-perplexity features are 0 wherever they would be computed."""
     from leakray.detect.arrays import list_column
     from leakray.schema import C
 
-    for name in (C.ADV_EMBEDDING, C.ADV_PERPLEXITY, C.ADV_KIND, C.REF_EMBEDDING):
+    needed = (C.ADV_EMBEDDING, C.ADV_PERPLEXITY, C.ADV_KIND, C.REF_EMBEDDING) if perplexities else \
+        (C.ADV_EMBEDDING, C.ADV_KIND, C.REF_EMBEDDING)
+    for name in needed:
         if name not in table.column_names or table.column(name).null_count:
             raise BadInput("the collection has no AdvPrompt columns (columns.advprompt was off, or rows lack them)",
                            field=name)
     ref = list_column(table, C.REF_EMBEDDING)
     n, d = ref.shape
     emb = np.asarray(table.column(C.ADV_EMBEDDING).to_pylist(), dtype=np.float32).reshape(n, N_VARIANTS + 1, d)
-    ppl = np.asarray(table.column(C.ADV_PERPLEXITY).to_pylist(), dtype=np.float64)
+    ppl = np.asarray(table.column(C.ADV_PERPLEXITY).to_pylist(), dtype=np.float64) if perplexities else \
+        np.ones((n, N_VARIANTS + 1))
     kinds = np.asarray(table.column(C.ADV_KIND).to_pylist(), dtype=object)
     if not (kinds[:, 0] == "base").all():
         raise BadInput("slot 0 of every row must be the unperturbed prompt", field=C.ADV_KIND)

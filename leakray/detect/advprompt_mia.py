@@ -35,20 +35,24 @@ class AdvPromptMIA(Detector):
 
     def fit(self, shadow: pa.Table, seed: int = 0) -> "AdvPromptMIA":
         self.seed = int(seed)
-        self.model = ap.fit(ap.arrays_from_table(shadow), self.config, self.seed)
+        self.model = ap.fit(self.arrays(shadow), self.config, self.seed)
         self._oof = None
         return self
 
+    def arrays(self, table: pa.Table) -> dict[str, np.ndarray]:
+        """The collection's AdvPrompt columns as the MLP's arrays (``advprompt.arrays_from_table``)."""
+        return ap.arrays_from_table(table)
+
     def heldout(self, shadow: pa.Table) -> tuple[np.ndarray, np.ndarray, str]:
         if self._oof is None:
-            oof = ap.cross_fit_proba(ap.arrays_from_table(shadow), self.config, self.seed, int(self.params["folds"]))
+            oof = ap.cross_fit_proba(self.arrays(shadow), self.config, self.seed, int(self.params["folds"]))
             self._oof = (labels(shadow), oof, "shadow, out-of-fold (cross-fit by task)")
         return self._oof
 
     def score(self, table: pa.Table) -> np.ndarray:
         if self.model is None:
             raise BadInput("advprompt: fit (or load) the detector before scoring")
-        return self.model.predict_proba(ap.arrays_from_table(table))
+        return self.model.predict_proba(self.arrays(table))
 
     def _save_state(self, directory: Path) -> None:
         self.model.save(directory / "model")

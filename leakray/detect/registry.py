@@ -61,6 +61,7 @@ _ENTRIES = {
     "lstm": "sequence:LSTM",
     "transformer": "sequence:Transformer",
     "advprompt": "advprompt_mia:AdvPromptMIA",
+    "advprompt_text": "advprompt_text:AdvPromptText",
     # composites
     "cgmia_ensemble": "cgmia_ensemble:CGMIAEnsemble",
     "leakray_combined": "combined:Combined",
