@@ -395,7 +395,17 @@ class SimulateConfig(Section):
 
     def hashed(self) -> dict:
         """What a run's outputs depend on: everything but where and how fast it runs."""
-        return self.model_dump(exclude={"output_dir", "ray", "reuse_stages"})
+        out = self.model_dump(exclude={"output_dir", "ray", "reuse_stages"})
+        if out["detect"]["detectors"] == "all":
+            from leakray.detect import registry
+
+            # "all" is the registry as this run finds it: a detector added since (a plug-in in
+            # $LEAKRAY_DETECTORS, one a new release brings) makes another run, whose detect stage
+            # and card fit it, where the old run would say "done" without it. Its model and
+            # collection stages are adopted by key (protocols/stage_keys.py). Names only: listing
+            # them imports no detector.
+            out["detect"]["detectors"] = registry.names()
+        return out
 
 
 class AuditSection(Section):

@@ -415,6 +415,33 @@ def test_an_audit_stage_key_changes_with_what_the_stage_reads(setting, changed):
     assert {n for n in before if before[n] != keys(control_digest="x")[n]} == {"control_scores"}
 
 
+def test_a_detector_added_to_the_registry_is_a_new_run_of_all_and_a_new_card(monkeypatch):
+    """`detect.detectors: all` is the registry as the run finds it. Before, a plug-in added to an
+    existing run (or a detector a new release brings) found that run's detect stage "done before"
+    and never ran. Now it is another run; the models and collections are adopted by key, the
+    audit's card and the detect stage are made anew."""
+    from leakray.config import AUDIT_DEFAULTS, AuditConfig, load_config
+    from leakray.detect import registry
+    from leakray.protocols.simulate import run_id
+    from leakray.protocols.stage_keys import audit_keys, simulate_keys
+
+    tasks = [{"task_id": "t/0", "prompt": "p", "reference": "r", "tests": ""}]
+
+    def state():
+        cfg, audit = load_config([], []), load_config([AUDIT_DEFAULTS], [], AuditConfig)
+        return run_id(cfg, tasks), simulate_keys(cfg, "d"), audit_keys(audit, "d"), audit.hashed()
+
+    monkeypatch.delenv("LEAKRAY_DETECTORS", raising=False)
+    run, keys, audit, audit_hashed = state()
+    monkeypatch.setenv("LEAKRAY_DETECTORS", f"toy={FIXTURES.parent / 'plugins' / 'toy_detector.py'}:Toy")
+    run2, keys2, audit2, audit_hashed2 = state()
+    assert run2 != run and keys2 == keys and audit_hashed2 != audit_hashed
+    assert {name for name in audit if audit[name] != audit2[name]} == {"card"}
+    # a list naming exactly the registry is the same run as "all"
+    every = load_config([], [f"detect.detectors=[{','.join(registry.names())}]"])
+    assert run_id(every, tasks) == run2
+
+
 def test_no_reuse_runs_every_stage_and_keeps_the_runs_name():
     """`--no-reuse` is a setting outside the run's hash: the same run directory, nothing adopted."""
     from leakray.cli import build_parser
