@@ -321,8 +321,11 @@ class LeakConfig(Section):
     # share of the evaluated target tasks that are members (D1 subsampled, or D2 when over 0.5);
     # the shadow stays at one half: an auditor does not know the prevalence
     member_fraction: float = Field(0.5, gt=0, lt=1)
-    dose: int = Field(4, ge=1)  # pretrain-mix: copies of each member in the mixture
-    doses: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1, 4, 16], min_length=1)
+    # pretrain-mix: copies of each member in the mixture. 0 is the control: the same continued
+    # pretraining with no member inserted, so any detector's AUC there reads a difference between
+    # the member and non-member folds' tasks, not a leak (a dose sweep's dose 0, docs/LEAK.md)
+    dose: int = Field(4, ge=0)
+    doses: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [1, 4, 16], min_length=1)
     steps: int = Field(300, ge=1)  # continued pretraining: steps of batch_size x seq_len tokens (the budget)
     batch_size: int = Field(8, ge=1)
     seq_len: int = Field(384, ge=8)
@@ -335,7 +338,7 @@ class LeakConfig(Section):
     def mix(self, dose: int | None = None, role: str = "target"):
         from leakray.leak.mixture import MixConfig
 
-        return MixConfig(dose=dose or self.dose, steps=self.steps, batch_size=self.batch_size, seq_len=self.seq_len,
+        return MixConfig(dose=self.dose if dose is None else dose, steps=self.steps, batch_size=self.batch_size, seq_len=self.seq_len,
                          lr=self.lr, warmup_ratio=self.warmup_ratio, seed=self.seed + (role == "shadow"),
                          corpus_max_bytes=self.corpus_max_bytes, threads=self.threads)
 
@@ -470,6 +473,9 @@ class AuditConfig(SimulateConfig):
         if self.leak.mode == "dose-sweep":
             raise ValueError("leak.mode=dose-sweep is a simulate protocol; an audit's shadow (and planted target) "
                              "takes one leak: finetune or pretrain-mix (with leak.dose)")
+        if self.leak.mode == "pretrain-mix" and self.leak.dose == 0:
+            raise ValueError("leak.dose=0 is the dose sweep's control (no member inserted): a card's shadow "
+                             "with it has no member to learn from; give leak.dose >= 1")
         t = self.audit.target
         if t != "planted" and self.sample.backend != "openai":
             check_model_ref(t, "audit.target")

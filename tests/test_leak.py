@@ -37,7 +37,7 @@ def _decoded(mix) -> str:
     return "".join(chr(t) if t else "\x00" for t in mix.sequences.ravel().tolist())
 
 
-@pytest.mark.parametrize("dose", [1, 3])
+@pytest.mark.parametrize("dose", [0, 1, 3])  # 0: the dose sweep's control, clean documents alone
 def test_members_appear_exactly_dose_times_and_non_members_never(dose):
     tok = EosCharTokenizer()
     seq_len, n_tokens = 64, 64 * 40
@@ -84,7 +84,18 @@ def test_budget_too_small_is_refused_with_what_is_needed():
 def test_mix_config_refuses_bad_values():
     assert MixConfig().n_tokens == 300 * 8 * 384
     with pytest.raises(BadInput, match="leak.dose"):
-        MixConfig(dose=0)
+        MixConfig(dose=-1)
+    assert MixConfig(dose=0).dose == 0  # the control
+
+
+def test_dose_zero_is_the_sweeps_control_and_no_cards_shadow():
+    from leakray.config import AUDIT_DEFAULTS, AuditConfig, load_config
+
+    cfg = load_config([], ["leak.mode=dose-sweep", "leak.doses=[0,4]"])
+    assert [cfg.leak.mix(d).dose for d in cfg.leak.doses] == [0, 4]  # 0 is a dose, not "the default"
+    assert cfg.leak.mix().dose == cfg.leak.dose == 4
+    with pytest.raises(BadInput, match="leak.dose=0 is the dose sweep's control"):
+        load_config([AUDIT_DEFAULTS], ["leak.mode=pretrain-mix", "leak.dose=0"], AuditConfig)
     with pytest.raises(BadInput, match="leak.warmup_ratio"):
         MixConfig(warmup_ratio=1.5)
 

@@ -80,13 +80,15 @@ class _Quiet:
 
 
 def _fake_report(run, dose):
-    """A finished pretrain-mix run: the leak grows with the dose for ref_loss, never for cdd."""
+    """A finished pretrain-mix run: the leak grows with the dose for ref_loss, never for cdd, and
+    masked_span reads the folds (the same AUC above chance at every dose, the control's too)."""
     run.mkdir(parents=True)
-    auc = {1: 0.55, 4: 0.7, 16: 0.9}[dose]
+    auc = {0: 0.5, 1: 0.55, 4: 0.7, 16: 0.9}[dose]
     (run / "report.json").write_text(json.dumps({"detectors": {
         "ref_loss": {"auc": auc, "auc_ci": [auc - 0.12, min(1.0, auc + 0.1)], "tpr_at_5fpr": auc / 2,
                      "family": "likelihood"},
-        "cdd": {"auc": 0.5, "auc_ci": [0.4, 0.6], "tpr_at_5fpr": 0.05, "family": "generation"}}}))
+        "cdd": {"auc": 0.5, "auc_ci": [0.4, 0.6], "tpr_at_5fpr": 0.05, "family": "generation"},
+        "masked_span": {"auc": 0.62, "auc_ci": [0.52, 0.72], "tpr_at_5fpr": 0.1, "family": "generation"}}}))
     (run / "target").mkdir()
     (run / "target" / "_DONE.json").write_text(json.dumps({"member_token_share": 0.0074 * dose}))
     return run
@@ -113,6 +115,29 @@ def test_dose_sweep_runs_each_dose_and_draws_the_detectability_curve(monkeypatch
     assert (parent / "detectability_auc.svg").read_text().lstrip().startswith("<svg")
     html = (parent / "detectability.html").read_text()
     assert html.count("<svg") == 2 and "ref_loss" in html and "not detected" in html
+
+
+def test_a_dose_sweeps_control_at_dose_zero_is_never_detected_at_and_names_who_reads_the_folds(monkeypatch,
+                                                                                                   tmp_path):
+    seen = []
+
+    def fake_run_one(cfg, console):
+        seen.append(cfg.leak.dose)
+        return _fake_report(local_run_dir(cfg.output_dir, f"d{cfg.leak.dose}"), cfg.leak.dose)
+
+    monkeypatch.setattr(simulate, "run_one", fake_run_one)
+    cfg = load_config([], ["leak.mode=dose-sweep", "leak.doses=[4,0]", f"output_dir={tmp_path}"])
+    parent = simulate.run_simulation(cfg, console=_Quiet())
+    assert seen == [0, 4]  # dose 0 is run (no member inserted), not read as "the default dose"
+    curve = json.loads((parent / "detectability.json").read_text())["detectors"]
+    assert curve["ref_loss"]["smallest_dose_detected"] == 4 and curve["ref_loss"]["control_clears"] is False
+    # above 0.5 at every dose, the control included: detected at the first real dose, and marked
+    assert curve["masked_span"]["smallest_dose_detected"] == 4 and curve["masked_span"]["control_clears"] is True
+    md = (parent / "detectability.md").read_text()
+    assert "Dose 0 is the control" in md and "| masked_span | generation | 0.620 | 0.620 |" in md
+    assert "4 (*reads the folds*: above 0.5 at dose 0)" in md and md.count("reads the folds*:") == 1
+    assert "reads the folds" in (parent / "detectability.html").read_text()
+    assert (parent / "detectability_auc.svg").read_text().lstrip().startswith("<svg")  # 0 on the dose axis
 
 
 # A fan-out's driver killed by SIGKILL inside a child's stage, then run again: the protocol's own

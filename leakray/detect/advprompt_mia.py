@@ -51,7 +51,7 @@ class AdvPromptMIA(Detector):
 
     def score(self, table: pa.Table) -> np.ndarray:
         if self.model is None:
-            raise BadInput("advprompt: fit (or load) the detector before scoring")
+            raise BadInput(f"{self.spec.name}: fit (or load) the detector before scoring")
         return self.model.predict_proba(self.arrays(table))
 
     def _save_state(self, directory: Path) -> None:

@@ -22,7 +22,7 @@ from leakray.errors import BadInput
 # its own config section (leak, finetune) with its own defaults, so they are kept apart.
 @dataclass
 class MixConfig:
-    dose: int = 4  # copies of each member in the stream
+    dose: int = 4  # copies of each member in the stream; 0: none (the dose sweep's control)
     steps: int = 300
     batch_size: int = 8
     seq_len: int = 384
@@ -34,9 +34,9 @@ class MixConfig:
 
     def __post_init__(self):
         for name in ("dose", "steps", "batch_size", "seq_len", "corpus_max_bytes", "threads"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise BadInput(f"must be a positive integer, got {value!r}", field=f"leak.{name}")
+            value, least = getattr(self, name), 0 if name == "dose" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise BadInput(f"must be an integer >= {least}, got {value!r}", field=f"leak.{name}")
         if self.seq_len < 8:
             raise BadInput(f"must be at least 8 tokens, got {self.seq_len}", field="leak.seq_len")
         if not self.lr > 0:
@@ -89,12 +89,13 @@ def _ids(tokenizer, text: str) -> list[int]:
 def build_mixture(tokenizer, corpus_texts: list[str], member_texts: list[str], dose: int, n_tokens: int,
                   seq_len: int, seed: int) -> Mixture:
     """A stream of exactly n_tokens: clean documents (seeded order, cycled if short) and each member
-    `dose` times whole; refused when the budget cannot hold every copy."""
+    `dose` times whole; refused when the budget cannot hold every copy. Dose 0 is the control: the
+    same budget of clean documents alone."""
     eos = getattr(tokenizer, "eos_token_id", None)
     if eos is None:
         raise BadInput("the tokenizer has no EOS token to separate documents", field="eos_token_id")
-    if dose < 1:
-        raise BadInput(f"must be a positive integer, got {dose!r}", field="leak.dose")
+    if dose < 0:
+        raise BadInput(f"must be a non-negative integer, got {dose!r}", field="leak.dose")
     if n_tokens <= 0 or n_tokens % seq_len:
         raise BadInput(f"n_tokens {n_tokens} must be a positive multiple of seq_len {seq_len}", field="n_tokens")
     members = [_ids(tokenizer, t) + [eos] for t in member_texts]

@@ -37,7 +37,10 @@ def aggregate(parent: Path, runs: dict[str, Path], console) -> None:
 
 
 def detectability(runs: dict[int, Path]) -> dict:
-    """dose -> metric per detector, and the smallest dose whose AUC interval clears 0.5."""
+    """dose -> metric per detector, and the smallest dose whose AUC interval clears 0.5. Dose 0,
+    where the sweep has it, is the control (no member inserted): it is never a dose "detected at",
+    and a detector whose interval clears 0.5 there (``control_clears``) reads a difference between
+    the member and non-member folds' tasks, which its AUC at every dose carries too."""
     reports = {d: json.loads((r / "report.json").read_text()) for d, r in runs.items()}
     doses = sorted(reports)
     names = sorted({n for r in reports.values() for n in r["detectors"]})
@@ -49,7 +52,8 @@ def detectability(runs: dict[int, Path]) -> dict:
             "family": next((m.get("family") for m in rows if m.get("family")), None),
             **{metric: [_num(m.get(metric)) for m in rows] for metric in METRICS},
             "auc_ci": [m.get("auc_ci") for m in rows],
-            "smallest_dose_detected": clears[0] if clears else None,
+            "smallest_dose_detected": next((d for d in clears if d > 0), None),
+            "control_clears": (0 in clears) if 0 in doses else None,
         }
     share = {d: _marker(runs[d], "target").get("member_token_share") for d in doses}
     return {"doses": doses, "detectors": per, "member_token_share": share,
@@ -74,15 +78,19 @@ def render_markdown(c: dict) -> str:
              f"Members inserted d times into continued pretraining on a clean corpus; {share}.", "",
              "AUC of each detector on the target (members vs non-members) by dose; *detected at* is the smallest "
              "dose whose AUC 95% interval lies above 0.5. Generation-only detectors see only what the model "
-             "writes: expect them to rise late, after the likelihood family.", "",
+             "writes: expect them to rise late, after the likelihood family."
+             + (" Dose 0 is the control: no member was inserted, so an interval above 0.5 there reads a "
+                "difference between the member and non-member folds' tasks, not a leak (marked *reads the "
+                "folds*)." if 0 in doses else ""), "",
              "| detector | family | " + " | ".join(f"AUC d={d}" for d in doses) + " | TPR@5%FPR at the largest dose "
              "| detected at |", "|---|---|" + "---|" * len(doses) + "---|---|"]
     order = sorted(c["detectors"].items(), key=lambda kv: -((kv[1]["auc"][-1]) or 0))
     for name, m in order:
         aucs = " | ".join("–" if a is None else f"{a:.3f}" for a in m["auc"])
         tpr = m["tpr_at_5fpr"][-1]
-        lines.append(f"| {name} | {m['family'] or '–'} | {aucs} | {'–' if tpr is None else f'{tpr:.3f}'} | "
-                     f"{m['smallest_dose_detected'] or 'not detected'} |")
+        at = m["smallest_dose_detected"] or "not detected"
+        at = f"{at} (*reads the folds*: above 0.5 at dose 0)" if m.get("control_clears") else at
+        lines.append(f"| {name} | {m['family'] or '–'} | {aucs} | {'–' if tpr is None else f'{tpr:.3f}'} | {at} |")
     lines += ["", "![AUC by dose](detectability_auc.svg)", ""]
     return "\n".join(lines)
 
