@@ -9,6 +9,11 @@ over the best single detector *of each split* (a maximum over noisy siblings, pi
 seeing the target: biased upward) and over the best *fixed* single detector (the one with the
 highest mean over the splits): the detector an auditor would have to choose before the audit.
 
+Where every sweep has dose 0 (the control: no member inserted, `'leak.doses=[0,4,16]'`), the same
+table again with each AUC net of its split's control (AUC - AUC at dose 0 + 0.5): a split whose
+member fold happens to differ from its non-member fold (length, difficulty) moves every dose's
+AUC, the control's too, and this takes that out.
+
 ``--refit`` also reads each run's stored collections (shadow and target) and prints, per split and
 dose: the solution and question probes' oracle calibrations averaged (each standardised on the
 shadow); ``text_combined`` fitted on the shadow with each combiner (what ``auto`` did not choose);
@@ -52,6 +57,14 @@ def gains(splits: list[dict], composite: str) -> dict:
                      "gain_over_best_of_each_split": [round(c - b, 3) for c, b in zip(comp, best_each)],
                      "gain_over_fixed_best": round(sum(comp) / len(comp) - mean[fixed], 3)}
     return out
+
+
+def net_of_control(splits: list[dict]) -> list[dict] | None:
+    """Each split's AUCs at the doses above 0 minus its dose-0 control, plus 0.5; None without one."""
+    if not all(0 in s for s in splits):
+        return None
+    return [{dose: {n: auc - s[0][n] + 0.5 for n, auc in row.items() if n in s[0]} for dose, row in s.items() if dose}
+            for s in splits]
 
 
 def render(result: dict, composite: str, labels: list[str]) -> str:
@@ -122,6 +135,10 @@ def main() -> None:
     labels = [next((o.split("=", 1)[1] for o in ov if o.startswith("benchmark.fold_seed=")), "0") for _, ov in read]
     result = gains([r for r, _ in read], args.composite)
     print(render(result, args.composite, [f"split {x}" for x in labels]))
+    net = net_of_control([r for r, _ in read])
+    if net is not None:
+        print("Net of each split's dose-0 control (AUC - control + 0.5):\n")
+        print(render(gains(net, args.composite), args.composite, [f"split {x}" for x in labels]))
     if args.refit:
         print(render_refits(args.outputs, labels))
 
