@@ -120,8 +120,10 @@ def line_plot(x: Sequence[float], series: Mapping[str, Sequence[float]], xlabel:
     fig, ax = _figure(_WIDE if len(series) > _LEGEND_INSIDE_MAX else _SIZE)
     for (name, ys), color in zip(series.items(), _colors(len(series))):
         ax.plot(x, [math.nan if y is None else y for y in ys], marker="o", ms=3, color=color, lw=1.4, label=name)
-    if logx:  # linear below 1, so that an x of 0 (a dose sweep's control) has a place
-        ax.set_xscale("symlog", linthresh=1) if min(x, default=1) <= 0 else ax.set_xscale("log")
+    if logx and min(x, default=1) <= 0:  # linear below 1, so that a dose sweep's control (0) has a place
+        ax.set_xscale("symlog", linthresh=1)
+    elif logx:
+        ax.set_xscale("log")
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax.grid(alpha=0.3)
     _legend(ax)
