@@ -338,8 +338,8 @@ class LeakConfig(Section):
     def mix(self, dose: int | None = None, role: str = "target"):
         from leakray.leak.mixture import MixConfig
 
-        return MixConfig(dose=self.dose if dose is None else dose, steps=self.steps, batch_size=self.batch_size, seq_len=self.seq_len,
-                         lr=self.lr, warmup_ratio=self.warmup_ratio, seed=self.seed + (role == "shadow"),
+        return MixConfig(dose=self.dose if dose is None else dose, steps=self.steps, batch_size=self.batch_size,
+                         seq_len=self.seq_len, lr=self.lr, warmup_ratio=self.warmup_ratio, seed=self.seed + (role == "shadow"),
                          corpus_max_bytes=self.corpus_max_bytes, threads=self.threads)
 
 

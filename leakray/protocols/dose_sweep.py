@@ -72,6 +72,8 @@ def _num(v):
 
 
 def render_markdown(c: dict) -> str:
+    from leakray.report.html import detected_at
+
     doses = c["doses"]
     share = " · ".join(f"dose {d}: {100 * (c['member_token_share'].get(d) or 0):.2f}% of tokens" for d in doses)
     lines = ["# Detectability curve (pretrain-mix leak)", "",
@@ -88,9 +90,8 @@ def render_markdown(c: dict) -> str:
     for name, m in order:
         aucs = " | ".join("–" if a is None else f"{a:.3f}" for a in m["auc"])
         tpr = m["tpr_at_5fpr"][-1]
-        at = m["smallest_dose_detected"] or "not detected"
-        at = f"{at} (*reads the folds*: above 0.5 at dose 0)" if m.get("control_clears") else at
-        lines.append(f"| {name} | {m['family'] or '–'} | {aucs} | {'–' if tpr is None else f'{tpr:.3f}'} | {at} |")
+        lines.append(f"| {name} | {m['family'] or '–'} | {aucs} | {'–' if tpr is None else f'{tpr:.3f}'} | "
+                     f"{detected_at(m, em='*')} |")
     lines += ["", "![AUC by dose](detectability_auc.svg)", ""]
     return "\n".join(lines)
 

@@ -459,9 +459,11 @@ def _pr_curves(per_det: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> dict:
     return out
 
 
-def _detected_at(m: Mapping) -> str:
+def detected_at(m: Mapping, em: str = "") -> str:
+    """A dose-sweep detector's "detected at" cell, marked when its dose-0 control clears 0.5
+    (``em`` wraps the mark: "*" for markdown)."""
     at = str(m.get("smallest_dose_detected") or "not detected")
-    return f"{at} (reads the folds: above 0.5 at dose 0)" if m.get("control_clears") else at
+    return f"{at} ({em}reads the folds{em}: above 0.5 at dose 0)" if m.get("control_clears") else at
 
 
 def render_detectability(curve: Mapping) -> str:
@@ -469,7 +471,7 @@ def render_detectability(curve: Mapping) -> str:
     doses = list(curve["doses"])
     dets = sorted(curve["detectors"].items(), key=lambda kv: -(_num(kv[1]["auc"][-1]) or 0.0))
     rows = [f"<tr><td>{fmt(n)}</td><td>{fmt(m.get('family'))}</td>" + "".join(_cell(a) for a in m["auc"])
-            + f"<td>{fmt(_detected_at(m))}</td></tr>" for n, m in dets]
+            + f"<td>{fmt(detected_at(m))}</td></tr>" for n, m in dets]
     headers = [("detector", "text"), ("family", "text"), *((f"AUC d={d}", "num") for d in doses),
                ("detected at dose", "text")]
     figs = [_safe_plot(f"{label} by dose (copies of each member in the pretraining mixture)",
