@@ -135,6 +135,23 @@ def test_seeded_and_saved(tmp_path):
         ap.AdvPromptDetector.load(tmp_path / "nothing")
 
 
+def test_scores_are_log_odds_that_keep_the_order_a_saturated_probability_loses():
+    """Trained to near-zero loss (the paper's classifier on a few dozen rows, as in a detect
+    stage), the member probability rounds to 1.0 on many rows; the log-odds it is made from
+    does not, and ranks those rows. The registry detector scores and thresholds by it."""
+    a = synthetic(400, seed=6)
+    train, test = ap.graybox_split(a["member"], 0.2, seed=0)
+    det = ap.fit(ap.take(a, train), ap.AdvPromptConfig(), seed=0)
+    held = ap.take(a, test)
+    z, p = det.predict_log_odds(held), det.predict_proba(held)
+    np.testing.assert_allclose(p, 1 / (1 + np.exp(-z)))  # the same model, two scales
+    softmax32 = torch.softmax(torch.stack([torch.zeros(len(z)), torch.as_tensor(z, dtype=torch.float32)], 1), 1)[:, 1]
+    tied = (softmax32 == 1.0).numpy()
+    assert tied.sum() >= 10, z.max()  # saturated in float32, as the detectors' probabilities were
+    assert len(np.unique(z[tied])) == tied.sum()  # and ordered by the log-odds
+    assert np.all(np.diff(p[np.argsort(z)]) >= 0)  # the probability never contradicts that order
+
+
 def test_ablations_and_mask_features_change_the_input():
     a = synthetic(120, seed=5, missing=0.2)
     kinds_dropped = tuple(n for n in ap.FEATURE_NAMES if n.endswith(("IDL1", "IDL2", "IDL3")))

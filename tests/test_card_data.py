@@ -192,8 +192,9 @@ def test_card_without_hashes_is_refused(tampered):
     meta = json.loads((tampered / CARD_FILE).read_text())
     (tampered / CARD_FILE).write_text(json.dumps({**meta, "files": {}}))
     _refused(tampered, "records no file hashes")
-    (tampered / CARD_FILE).write_text(json.dumps({**meta, "version": 1}))
-    _refused(tampered, "build the card again")
+    for old in (1, 2):  # pickles; then learned detectors' probabilities (their scores are log-odds since)
+        (tampered / CARD_FILE).write_text(json.dumps({**meta, "version": old}))
+        _refused(tampered, "build the card again")
 
 
 def test_stage_marker_beside_the_card_is_tolerated(tampered):

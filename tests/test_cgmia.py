@@ -12,7 +12,7 @@ from leakray.detect.cgmia import (
     CGMIAConfig,
     CGMIADetector,
     arrays_from_table,
-    cross_fit_proba,
+    cross_fit_log_odds,
     fit,
     fit_thresholded,
 )
@@ -170,17 +170,18 @@ def test_threshold_chosen_out_of_fold_on_training_rows_only(data):
     th = det.threshold
     assert th["rule"] == "shadow_max_mcc" and "out-of-fold" in th["chosen_on"]
     assert (th["n_pos"], th["n_neg"]) == (80, 80)
-    # the cut is the rule applied to the cross-fitted probabilities, which differ from the
-    # final detector's (overfit) probabilities on its own training rows
-    oof = cross_fit_proba(shadow, CGMIAConfig(**FAST), seed=7)
+    # the cut is the rule applied to the cross-fitted log-odds (the score: a probability saturates),
+    # which differ from the final detector's (overfit) scores on its own training rows
+    oof = cross_fit_log_odds(shadow, CGMIAConfig(**FAST), seed=7)
     assert th["value"] == choose_threshold(shadow["member"], oof, "shadow_max_mcc").value
-    assert not np.allclose(oof, det.predict_proba(shadow), atol=1e-3)
+    assert not np.allclose(oof, det.predict_log_odds(shadow), atol=1e-3)
+    np.testing.assert_allclose(det.predict_proba(target), 1 / (1 + np.exp(-det.predict_log_odds(target))))
     # the final detector is plain fit's, and predict() uses the stored cut
     np.testing.assert_array_equal(det.predict_proba(target), fit(shadow, CGMIAConfig(**FAST), seed=7,
                                                                  progress=False).predict_proba(target))
-    np.testing.assert_array_equal(det.predict(target), (det.predict_proba(target) >= th["value"]).astype(np.int8))
+    np.testing.assert_array_equal(det.predict(target), (det.predict_log_odds(target) >= th["value"]).astype(np.int8))
     # cross-fitting is seeded and never looks at rows outside the training arrays
-    np.testing.assert_array_equal(oof, cross_fit_proba(shadow, CGMIAConfig(**FAST), seed=7))
+    np.testing.assert_array_equal(oof, cross_fit_log_odds(shadow, CGMIAConfig(**FAST), seed=7))
     with pytest.raises(BadInput, match="no decision threshold"):
         fit(shadow, CGMIAConfig(**{**FAST, "epochs": 1}), seed=0, progress=False).predict(target)
     # a shadow too small for 4 folds gets as many as its smaller class allows, and says so
@@ -192,7 +193,7 @@ def test_threshold_chosen_out_of_fold_on_training_rows_only(data):
     with pytest.raises(BadInput, match="cross-fit"):
         fit_thresholded(one_member, CGMIAConfig(**FAST), seed=0)
     with pytest.raises(BadInput, match="cross-fit"):
-        cross_fit_proba(six, CGMIAConfig(**FAST), seed=0, n_folds=4)
+        cross_fit_log_odds(six, CGMIAConfig(**FAST), seed=0, n_folds=4)
 
 
 def test_threshold_saved_with_the_detector(tmp_path, data):

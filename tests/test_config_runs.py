@@ -415,6 +415,22 @@ def test_an_audit_stage_key_changes_with_what_the_stage_reads(setting, changed):
     assert {n for n in before if before[n] != keys(control_digest="x")[n]} == {"control_scores"}
 
 
+def test_a_card_of_another_format_is_made_again_not_adopted(monkeypatch):
+    """Cards of version 2 hold CGMIA's and AdvPrompt-MIA's cuts on their probabilities; the
+    detectors score by log-odds since (card version 3). An audit re-run after an upgrade would
+    adopt the old card stage, then refuse to load it; the card's key carries the format, so the
+    card is built again and the shadow's models and collections are adopted."""
+    from leakray.config import AUDIT_DEFAULTS, AuditConfig, load_config
+    from leakray.detect import card
+    from leakray.protocols.stage_keys import audit_keys
+
+    cfg = load_config([AUDIT_DEFAULTS], [], AuditConfig)
+    now = audit_keys(cfg, "d")
+    monkeypatch.setattr(card, "VERSION", card.VERSION - 1)
+    before = audit_keys(cfg, "d")
+    assert {n for n in now if now[n] != before[n]} == {"card"}
+
+
 def test_a_detector_added_to_the_registry_is_a_new_run_of_all_and_a_new_card(monkeypatch):
     """`detect.detectors: all` is the registry as the run finds it. Before, a plug-in added to an
     existing run (or a detector a new release brings) found that run's detect stage "done before"

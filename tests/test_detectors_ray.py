@@ -58,7 +58,7 @@ def test_evaluate_detectors_plain():
     det = fit_thresholded(arrays_from_table(shadow), FAST, seed=1)
     rows = t.filter(np.asarray([(d == CGMIA and s == 1) for d, s in zip(
         t.column(S.DETECTOR).to_pylist(), t.column(S.SEED).to_pylist())]))
-    np.testing.assert_allclose(rows.column(S.SCORE).to_numpy(), det.predict_proba(arrays_from_table(target)))
+    np.testing.assert_allclose(rows.column(S.SCORE).to_numpy(), det.predict_log_odds(arrays_from_table(target)))
     assert res["per_seed"][CGMIA][1]["threshold"] == det.threshold
     json.dumps(scores_to_dict(res))  # metrics.json must serialise
 

@@ -118,7 +118,7 @@ def test_advprompt_both_settings_separate_a_planted_signal_and_not_noise():
     from sklearn.metrics import roc_auc_score
 
     from leakray.detect import registry
-    from leakray.detect.advprompt import AdvPromptConfig
+    from leakray.detect.advprompt import AdvPromptConfig, arrays_from_table
     from leakray.protocols.advprompt_eval import evaluate_advprompt
 
     small = AdvPromptConfig(epochs=8, batch_size=16)  # the paper's 25 epochs of 4 rows: minutes here
@@ -127,7 +127,10 @@ def test_advprompt_both_settings_separate_a_planted_signal_and_not_noise():
         det = registry.make("advprompt", {"config": small.to_dict()}).fit(shadow, 0)
         th = det.threshold(shadow, "shadow_max_mcc")
         assert th["chosen_on"].startswith("shadow, out-of-fold")
-        return roc_auc_score(target.column(C.MEMBER).to_numpy(), det.score(target))
+        score = det.score(target)  # the member log-odds, the threshold's scale too (a probability saturates)
+        np.testing.assert_allclose(det.model.predict_proba(arrays_from_table(target)), 1 / (1 + np.exp(-score)))
+        assert np.isfinite(th["value"]) and (score < 0).any() and np.ptp(det.heldout(shadow)[1]) > 1
+        return roc_auc_score(target.column(C.MEMBER).to_numpy(), score)
 
     shadow, target = _adv_collection(60, 1, 0.8), _adv_collection(80, 2, 0.8)
     assert shadow_setting_auc(shadow, target) > 0.85

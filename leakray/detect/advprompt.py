@@ -205,11 +205,20 @@ class AdvPromptDetector:
         return x.astype(np.float32)
 
     def predict_proba(self, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
-        """Member probability per row, float64 [n]."""
+        """Member probability per row, float64 [n] (from the float64 log-odds)."""
+        return 1.0 / (1.0 + np.exp(-self.predict_log_odds(arrays)))
+
+    def predict_log_odds(self, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
+        """log P(member) - log P(non-member) per row, float64 [n]: what the detectors rank by.
+        The classifier is trained to near-zero loss on tens of rows, so on new rows its margins
+        reach 100 and more; its probability rounds to exactly 1.0 past a margin of ~17 in
+        float32 (~37 in float64): on the demo's target a third of the tasks tied there, their
+        order lost, and TPR at 5% FPR could not be read. The margin keeps that order."""
         x = torch.as_tensor(self.inputs(arrays), device=self.config.device)
         self.net.eval()
         with torch.inference_mode():
-            return torch.softmax(self.net(x), dim=1)[:, 1].double().cpu().numpy()
+            z = self.net(x).double()
+        return (z[:, 1] - z[:, 0]).cpu().numpy()
 
     def save(self, directory: str | Path) -> Path:
         directory = Path(directory)
@@ -342,9 +351,9 @@ def arrays_from_table(table, perplexities: bool = True) -> dict[str, np.ndarray]
             "task_id": np.asarray(table.column(C.TASK_ID).to_pylist(), dtype=object)}
 
 
-def cross_fit_proba(arrays: Mapping[str, np.ndarray], config: AdvPromptConfig | None = None, seed: int = 0,
-                    n_folds: int = 4) -> np.ndarray:
-    """Out-of-fold member probabilities (stratified folds of tasks, seeded): where a decision
+def cross_fit_log_odds(arrays: Mapping[str, np.ndarray], config: AdvPromptConfig | None = None, seed: int = 0,
+                       n_folds: int = 4) -> np.ndarray:
+    """Out-of-fold member log-odds (stratified folds of tasks, seeded): where a decision
     threshold is chosen without scoring rows the detector was trained on."""
     from sklearn.model_selection import StratifiedKFold
 
@@ -354,7 +363,7 @@ def cross_fit_proba(arrays: Mapping[str, np.ndarray], config: AdvPromptConfig | 
         raise BadInput("cross-fitting needs at least 2 rows of each class", field="member")
     split = StratifiedKFold(n_splits=n_folds, shuffle=True,
                             random_state=int(np.random.SeedSequence([int(seed), 3]).generate_state(1)[0]))
-    proba = np.full(len(y), np.nan)
+    out = np.full(len(y), np.nan)
     for fit_idx, held_idx in split.split(np.zeros(len(y)), y):
-        proba[held_idx] = fit(take(arrays, fit_idx), config, seed).predict_proba(take(arrays, held_idx))
-    return proba
+        out[held_idx] = fit(take(arrays, fit_idx), config, seed).predict_log_odds(take(arrays, held_idx))
+    return out

@@ -1,6 +1,7 @@
 """AdvPrompt-MIA as a registry detector (shadow setting): the MLP of ``detect.advprompt``
-trained on the shadow collection's AdvPrompt columns, its threshold chosen on out-of-fold
-shadow probabilities (the same folds and seed as ``advprompt.cross_fit_proba``). Being in the
+trained on the shadow collection's AdvPrompt columns, scored by its member log-odds
+(``predict_log_odds``: its probability saturates at 1.0), its threshold chosen on out-of-fold
+shadow log-odds (the same folds and seed as ``advprompt.cross_fit_log_odds``). Being in the
 registry puts it in detector cards and audits like every other detector; its gray-box setting
 (the auditor knows some target members) stays in ``protocols.advprompt_eval``."""
 
@@ -45,14 +46,14 @@ class AdvPromptMIA(Detector):
 
     def heldout(self, shadow: pa.Table) -> tuple[np.ndarray, np.ndarray, str]:
         if self._oof is None:
-            oof = ap.cross_fit_proba(self.arrays(shadow), self.config, self.seed, int(self.params["folds"]))
+            oof = ap.cross_fit_log_odds(self.arrays(shadow), self.config, self.seed, int(self.params["folds"]))
             self._oof = (labels(shadow), oof, "shadow, out-of-fold (cross-fit by task)")
         return self._oof
 
     def score(self, table: pa.Table) -> np.ndarray:
         if self.model is None:
             raise BadInput(f"{self.spec.name}: fit (or load) the detector before scoring")
-        return self.model.predict_proba(self.arrays(table))
+        return self.model.predict_log_odds(self.arrays(table))
 
     def _save_state(self, directory: Path) -> None:
         self.model.save(directory / "model")

@@ -37,7 +37,10 @@ VAL_SCORES = "val_scores.parquet"
 # for them, so the card route's member/non-member distributions may use every shadow task
 FIT_SCORES = "fit_scores.parquet"
 DETECTORS_DIR = "detectors"
-VERSION = 2  # 2: plain-data detector files with recorded hashes (1: pickles)
+# 3: CGMIA's and AdvPrompt-MIA's scores, cuts and calibrators are member log-odds (2: their
+# probabilities, saturated at 1.0; a version-2 card's cuts mean nothing on the new scores);
+# 2: plain-data detector files with recorded hashes (1: pickles)
+VERSION = 3
 
 
 def saved_name(name: str, seed: int) -> str:
@@ -54,9 +57,9 @@ class DetectorCard:
                            path=str(meta_path))
         self.meta: dict[str, Any] = json.loads(meta_path.read_text())
         if self.meta.get("version") != VERSION:
-            raise BadInput(f"detector card version {self.meta.get('version')} is not {VERSION}"
-                           + (" (its detectors are pickles; build the card again)" if self.meta.get("version") == 1
-                              else ""), path=str(meta_path))
+            raise BadInput(f"detector card version {self.meta.get('version')} is not {VERSION}: made by an "
+                           "earlier leakray (its learned detectors' scores were on another scale); build the card "
+                           "again (`leakray card build`, or the audit with --no-reuse)", path=str(meta_path))
         check_files(self.path, self.meta.get("files"))
 
     @property

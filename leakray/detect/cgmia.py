@@ -13,15 +13,20 @@ recorded seed and saved with the detector (never re-drawn at load), the scaler s
 training rows only, and the caller splits by task. Because the frozen parts are fixed,
 their outputs are computed once per fit and only the FFN runs per epoch.
 
-Decision threshold: probabilities on a detector's own training rows are overfit (near
-0/1), and the target must not be used, so the cut is chosen on held-out shadow rows by
+Score: the member log-odds (``predict_log_odds``), not the probability: the FFN is trained to
+near-zero loss on tens of rows, so on new rows float32's softmax rounds a tenth of the demo's
+target tasks to exactly 1.0 and their order is lost; the log-odds keeps it (same model, same
+AUC up to those ties; ``predict_proba`` is its float64 logistic).
+
+Decision threshold: scores on a detector's own training rows are overfit (near
+certain), and the target must not be used, so the cut is chosen on held-out shadow rows by
 cross-fitting (``fit_thresholded``): k folds over the shadow's tasks (stratified by
 label), one extra detector per fold with the same seed, each scoring the fold it did not
-see; the rule (``leakray.evaluate.thresholds``) runs on these out-of-fold probabilities
+see; the rule (``leakray.evaluate.thresholds``) runs on these out-of-fold log-odds
 and the detector trained on all shadow rows keeps the cut. Cross-fitting rather than a
 held-out split because the shadow is small (tens of tasks per class in the demo): every
 shadow row trains the final detector and every row also informs the cut. The fold
-models see (k-1)/k of the rows, so their probabilities are slightly less confident than
+models see (k-1)/k of the rows, so their scores are slightly less confident than
 the final detector's; the cost is k extra fits of the FFN per seed.
 """
 
@@ -46,7 +51,7 @@ from leakray.models.host import runnable_device
 from leakray.models.kernels import adam
 from leakray.schema import C
 
-FORMAT_VERSION = 2  # 2: weights in safetensors (1: torch pickles)
+FORMAT_VERSION = 3  # 3: threshold and out-of-fold scores are log-odds (2: probabilities; 1: torch pickles)
 CROSS_FIT_FOLDS = 4
 _ROW_KEYS = ("gen", "ref", "expert", "member", "task_id")
 _CONFIG_FILE, _WEIGHTS_FILE, _SCALER_FILE = "cgmia.json", "weights.safetensors", "scaler.npz"
@@ -188,7 +193,7 @@ class CGMIADetector:
         self.n_train = 0
         # the decision cut and how it was chosen (Threshold.to_dict()); None until chosen
         self.threshold: dict[str, Any] | None = None
-        # the training rows' out-of-fold probabilities the cut was chosen on (fit_thresholded)
+        # the training rows' out-of-fold log-odds the cut was chosen on (fit_thresholded)
         self.oof: np.ndarray | None = None
         frozen_seed, head_seed, _ = _seeds(seed)
         with torch.random.fork_rng(devices=[]):  # leave the caller's RNG alone
@@ -225,12 +230,16 @@ class CGMIADetector:
         return torch.cat(out) if out else torch.zeros((0, self.frozen.out_dim), device=dev)
 
     def predict_proba(self, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
-        """Member probability per row, float64 [n]."""
+        """Member probability per row, float64 [n] (the logistic of ``predict_log_odds``)."""
+        return 1.0 / (1.0 + np.exp(-self.predict_log_odds(arrays)))
+
+    def predict_log_odds(self, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
+        """log P(member) - log P(non-member) per row, float64 [n]: the score (module doc)."""
         x = self.features(arrays)
         self.head.eval()
         with torch.inference_mode():
-            p = torch.softmax(self.head(x), dim=1)[:, 1]
-        return p.double().cpu().numpy()
+            z = self.head(x).double()
+        return (z[:, 1] - z[:, 0]).cpu().numpy()
 
     def predict(self, arrays: Mapping[str, np.ndarray], threshold: float | None = None) -> np.ndarray:
         """0/1 decisions at ``threshold``, by default the cut chosen on held-out shadow rows."""
@@ -239,7 +248,7 @@ class CGMIADetector:
                 raise BadInput("this detector has no decision threshold: train it with fit_thresholded "
                                "(or pass threshold=)")
             threshold = self.threshold["value"]
-        return (self.predict_proba(arrays) >= threshold).astype(np.int8)
+        return (self.predict_log_odds(arrays) >= threshold).astype(np.int8)
 
     # -- persistence ---------------------------------------------------------------
     def state(self, numpy: bool = False) -> dict[str, Any]:
@@ -359,9 +368,9 @@ def _rows(arrays: Mapping[str, np.ndarray], idx: np.ndarray) -> dict[str, np.nda
     return {k: np.asarray(arrays[k])[idx] for k in _ROW_KEYS if k in arrays}
 
 
-def cross_fit_proba(train_arrays: Mapping[str, np.ndarray], config: CGMIAConfig | None = None, seed: int = 0,
+def cross_fit_log_odds(train_arrays: Mapping[str, np.ndarray], config: CGMIAConfig | None = None, seed: int = 0,
                     n_folds: int = CROSS_FIT_FOLDS) -> np.ndarray:
-    """Out-of-fold member probabilities for the training rows: k folds by task (stratified
+    """Out-of-fold member log-odds for the training rows: k folds by task (stratified
     by label, split seeded from ``seed``), each scored by a detector fitted with ``seed``
     on the other folds."""
     from sklearn.model_selection import StratifiedGroupKFold
@@ -382,7 +391,7 @@ def cross_fit_proba(train_arrays: Mapping[str, np.ndarray], config: CGMIAConfig 
     proba = np.full(n, np.nan)
     for fit_idx, held_idx in split.split(np.zeros(n), y, groups):
         det = fit(_rows(train_arrays, fit_idx), config, seed, progress=False)
-        proba[held_idx] = det.predict_proba(_rows(train_arrays, held_idx))
+        proba[held_idx] = det.predict_log_odds(_rows(train_arrays, held_idx))
     return proba
 
 
@@ -390,14 +399,14 @@ def fit_thresholded(train_arrays: Mapping[str, np.ndarray], config: CGMIAConfig 
                     rule: str = DEFAULT_RULE, n_folds: int = CROSS_FIT_FOLDS, progress: bool = False,
                     report: Callable[[int, dict[str, float]], None] | None = None) -> CGMIADetector:
     """``fit`` on all training rows, plus a decision threshold chosen by ``rule`` on
-    cross-fitted out-of-fold probabilities (see module doc); kept in ``det.threshold``.
+    cross-fitted out-of-fold log-odds (see module doc); kept in ``det.threshold``.
     Fewer folds than ``n_folds`` when a class has fewer rows (at least 2 of each needed)."""
     rule = ThresholdRule(rule)  # refuse a bad rule before training
     det = fit(train_arrays, config, seed, progress=progress, report=report)
     y = np.asarray(train_arrays["member"])
     # a tiny shadow (a quick run) gets fewer folds rather than a late failure; recorded below
     n_folds = min(int(n_folds), int((y == 0).sum()), int((y == 1).sum()))
-    det.oof = oof = cross_fit_proba(train_arrays, config, seed, n_folds)
+    det.oof = oof = cross_fit_log_odds(train_arrays, config, seed, n_folds)
     det.threshold = choose_threshold(
         y, oof, rule, chosen_on=f"shadow, out-of-fold ({n_folds}-fold cross-fit by task)").to_dict()
     return det
@@ -502,7 +511,7 @@ class CGMIA(Detector):
             arrays = arrays_from_table(shadow)
             y = labels(shadow)
             folds = min(int(self.params["folds"]), int((y == 0).sum()), int((y == 1).sum()))
-            oof = cross_fit_proba(arrays, self.config, self.seed, folds)
+            oof = cross_fit_log_odds(arrays, self.config, self.seed, folds)
             self._oof = (y, oof, f"shadow, out-of-fold ({folds}-fold cross-fit by task)")
         return self._oof
 
@@ -516,7 +525,7 @@ class CGMIA(Detector):
     def score(self, table: pa.Table) -> np.ndarray:
         if self.model is None:
             raise BadInput("cgmia: fit (or load) the detector before scoring")
-        return self.model.predict_proba(arrays_from_table(table))
+        return self.model.predict_log_odds(arrays_from_table(table))
 
     def _save_state(self, directory: Path) -> None:
         self.model.save(directory / "model")

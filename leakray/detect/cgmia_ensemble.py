@@ -8,10 +8,11 @@ collection, so the members here are CGMIA fitted on that shadow with different s
 members, so run beside CGMIA it costs no fit of its own (``CGMIA.fit_group``: 5 seeds of both
 fit 7 CGMIA seeds, not 5 + 15); its seeds' member sets overlap, so its repeats vary less
 than independent ensembles would. Member m's weight is max(MCC_m, 0), MCC_m measured at its own
-cut on its out-of-fold shadow probabilities (4-fold cross-fit by task, as CGMIA's
+cut on its out-of-fold shadow scores (4-fold cross-fit by task, as CGMIA's
 threshold); all weights 0 falls back to equal weights. The ensemble's score is the
-weighted mean of the members' probabilities, and its threshold is chosen on the same
-weighted mean of their out-of-fold probabilities.
+weighted mean of the members' probabilities (each the float64 logistic of the member's
+log-odds: CGMIA scores by log-odds, the paper's ensemble averages probabilities), and its
+threshold is chosen on the same weighted mean of their out-of-fold probabilities.
 """
 
 from __future__ import annotations
@@ -70,9 +71,9 @@ class CGMIAEnsemble(KeepsHeldout):
         return self
 
     def _combine(self, models: list[CGMIADetector], y: np.ndarray, seed: int) -> None:
-        """Weights from the members' out-of-fold probabilities (kept by ``fit_thresholded``)."""
+        """Weights from the members' out-of-fold scores (log-odds, kept by ``fit_thresholded``)."""
         self.seed, self.models = seed, list(models)
-        oofs = [m.oof for m in self.models]
+        oofs = [1.0 / (1.0 + np.exp(-m.oof)) for m in self.models]  # probabilities, as the members' scores below
         mccs = [choose_threshold(y, oof).mcc for oof in oofs]  # MCC at the member's own max-MCC cut
         w = np.clip(np.asarray(mccs), 0.0, None)
         self.weights = w / w.sum() if w.sum() > 0 else np.full(len(w), 1.0 / len(w))

@@ -2,7 +2,7 @@
 thresholds chosen without the scored rows' labels, the same metrics.
 
 - `advprompt` (shadow setting) is a registry detector (`detect.advprompt_mia`): trained on the
-  shadow collection like CGMIA, threshold from out-of-fold shadow probabilities.
+  shadow collection like CGMIA, threshold from out-of-fold shadow log-odds.
 - `advprompt_graybox` (the paper's setting): the auditor knows ~20% of the target's members
   and as many non-members; trained (and thresholded, out-of-fold) on those, scored on the
   rest of the target, balanced. Its metrics cover that subset only (n is in the report)."""
@@ -20,7 +20,7 @@ from leakray.evaluate.thresholds import apply_threshold, choose_threshold
 
 def _fit_thresholded(arrays, seed: int, rule: str, where: str, config):
     det = ap.fit(arrays, config, seed)
-    oof = ap.cross_fit_proba(arrays, config, seed)
+    oof = ap.cross_fit_log_odds(arrays, config, seed)
     return det, choose_threshold(arrays["member"], oof, rule, chosen_on=where).to_dict()
 
 
@@ -46,7 +46,7 @@ def evaluate_advprompt(shadow: pa.Table, target: pa.Table, seeds, *, threshold_r
             per_seed.pop("advprompt_graybox", None)
             break
         held = ap.take(ta, test)
-        score = det.predict_proba(held)
+        score = det.predict_log_odds(held)
         per_seed["advprompt_graybox"].append({**binary_metrics(held["member"], score,
                                                                apply_threshold(score, th["value"]), **boot),
                                               "threshold": th})
@@ -79,7 +79,7 @@ def advprompt_ablation(shadow: pa.Table, target: pa.Table, seed: int = 0, *,
     sa, ta = ap.arrays_from_table(shadow), ap.arrays_from_table(target)
 
     def auc(train, test, cfg) -> float:
-        return round(float(roc_auc_score(test["member"], ap.fit(train, cfg, seed).predict_proba(test))), 4)
+        return round(float(roc_auc_score(test["member"], ap.fit(train, cfg, seed).predict_log_odds(test))), 4)
 
     def without_kind(arrays, kind):
         keep = np.array([k != kind for k, _ in SLOTS])

@@ -415,8 +415,8 @@ def run_expert_ablation(shadow_table: pa.Table, target_table: pa.Table, config: 
         runs = []
         for seed in seeds:
             det = fit_thresholded(shadow_arrays, cfg, seed, threshold_rule, threshold_folds)
-            proba = det.predict_proba(target_arrays)
-            runs.append(binary_metrics(y, proba, (proba >= det.threshold["value"]).astype(np.int8), n_bootstrap=0))
+            score = det.predict_log_odds(target_arrays)  # the threshold's scale (cgmia's module doc)
+            runs.append(binary_metrics(y, score, (score >= det.threshold["value"]).astype(np.int8), n_bootstrap=0))
         on = [b for b, m in zip(C.EXPERT_BLOCKS, mask) if m]
         out.append({"blocks": on, "label": "+".join(on) if on else "none (semantic only)",
                     "without_pass_only": list(mask) == [True, True, True, False],

@@ -87,7 +87,11 @@ def audit_keys(cfg, digest: str, card_id: str | None = None, control_digest: str
     collections = stage_key("audit:collections", cfg, digest, drop=(*quiet, "detect"), needs=needs, card=card_id)
     shadow_collections = stage_key("audit:collections", cfg, digest, drop=(*quiet, "detect", *TARGET_ONLY),
                                    needs=needs, card=card_id)
-    card = stage_key("audit:card", cfg, digest, drop=(*quiet, *TARGET_ONLY), needs=needs)
+    from leakray.detect.card import VERSION
+
+    # a card made by a leakray whose cards have another format (its detectors' scores on another
+    # scale) is made again, not adopted and then refused
+    card = stage_key("audit:card", cfg, digest, drop=(*quiet, *TARGET_ONLY), needs=needs, card_version=VERSION)
 
     def own(*keys: str) -> str:  # a stage that one of ADDS_A_STAGE adds: a collection's key plus those settings
         return stage_key("audit:collections", cfg, digest, drop=[q for q in (*quiet, "detect") if q not in keys],
