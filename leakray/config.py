@@ -478,6 +478,10 @@ class AuditConfig(SimulateConfig):
                              "with it has no member to learn from; give leak.dose >= 1")
         t = self.audit.target
         if t != "planted" and self.sample.backend != "openai":
+            if t.startswith(("http://", "https://")):  # an endpoint given where a model goes
+                raise ValueError(f"{t!r} is an address: a served model is audited through its OpenAI-compatible "
+                                 "endpoint, --target MODEL_NAME --set sample.backend=openai "
+                                 f"--set sample.endpoint_url={t}")
             check_model_ref(t, "audit.target")
         if self.audit.detector is not None:
             from leakray.detect import registry

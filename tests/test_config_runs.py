@@ -111,6 +111,12 @@ def test_an_audit_target_without_a_tokenizer_is_refused_before_any_stage(tmp_pat
     err = capsys.readouterr().err.strip()
     assert "has no tokenizer" in err and "tokenizer.save_pretrained" in err and "Traceback" not in err, err
     assert not (tmp_path / "runs").exists()
+    # a served model's address given as the target: the way to audit an endpoint, in one line
+    assert main(["audit", "--target", "http://host:8000/v1", "--output", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "sample.backend=openai" in err and \
+        "sample.endpoint_url=http://host:8000/v1" in err, err
+    assert not (tmp_path / "runs").exists()
 
 
 def test_content_hash_ignores_key_order_and_sees_values():
