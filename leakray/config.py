@@ -72,6 +72,9 @@ class BenchmarkConfig(Section):
     limit: int | None = Field(None, ge=4)  # first N tasks only (smoke runs)
     folds: Literal[4] = 4  # the simulated-leak protocol's D1..D4
     fold_seed: int = 0
+    # "length": every fold holds the same spread of reference lengths (data.folds.assign_folds), so
+    # members and non-members differ by membership, not by length
+    fold_balance: Literal["none", "length"] = "none"
 
     @model_validator(mode="after")
     def _reader_and_path(self):
@@ -408,6 +411,10 @@ class SimulateConfig(Section):
             # collection stages are adopted by key (protocols/stage_keys.py). Names only: listing
             # them imports no detector.
             out["detect"]["detectors"] = registry.names()
+        if out["benchmark"]["fold_balance"] == "none":
+            # a key added after runs existed enters their hash only away from its old behaviour: a
+            # plain split's runs (and the stages other runs adopt from them) keep their keys
+            del out["benchmark"]["fold_balance"]
         return out
 
 

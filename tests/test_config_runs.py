@@ -124,6 +124,9 @@ def test_content_hash_ignores_key_order_and_sees_values():
     assert content_hash({"a": 1}) != content_hash({"a": 2})
     assert SimulateConfig().hashed() != load_config([], ["sample.k=3"]).hashed()
     assert SimulateConfig().hashed() == load_config([], ["ray.sample_actors=4"]).hashed()
+    # a key added later keeps the runs made before it on their keys while it is at its old behaviour
+    assert "fold_balance" not in SimulateConfig().hashed()["benchmark"]
+    assert SimulateConfig().hashed() != load_config([], ["benchmark.fold_balance=length"]).hashed()
 
 
 def test_stage_marker(tmp_path):

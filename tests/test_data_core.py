@@ -76,3 +76,30 @@ def test_folds_are_by_task_equal_and_seeded():
     assert a == b and a != c
     sizes = [sum(1 for f in a.values() if f == i) for i in range(4)]
     assert sizes == [41, 41, 41, 41] and set(a) == {t[T.TASK_ID] for t in tasks}
+
+
+def test_length_balanced_folds_hold_the_same_lengths_on_both_sides():
+    """A plain split can give members shorter tasks (HumanEval's default split: reference-length
+    AUC 0.29 of D1 against D2), and a detector that follows length then 'detects' a leak that is
+    not there. Balanced by length, members and non-members are alike in length on every seed."""
+    from sklearn.metrics import roc_auc_score
+
+    tasks = read_humaneval()
+    length = {t[T.TASK_ID]: len(t[T.REFERENCE]) for t in tasks}
+
+    def length_auc(folds):  # D1 (members) against D2 (non-members) of the target's side
+        d1 = [length[t] for t, f in folds.items() if f == 0]
+        d2 = [length[t] for t, f in folds.items() if f == 1]
+        return roc_auc_score([1] * len(d1) + [0] * len(d2), d1 + d2)
+
+    plain = [length_auc(assign_folds(tasks, 4, s)) for s in range(6)]
+    balanced = [assign_folds(tasks, 4, s, "length") for s in range(6)]
+    assert abs(plain[0] - 0.293) < 0.01 and max(abs(a - 0.5) for a in plain) > 0.15
+    assert max(abs(length_auc(b) - 0.5) for b in balanced) < 0.06, [length_auc(b) for b in balanced]
+    for b in balanced:
+        assert sorted(b) == sorted(length) and [sum(1 for f in b.values() if f == i) for i in range(4)] == [41] * 4
+    assert balanced[0] == assign_folds(tasks, 4, 0, "length") and balanced[0] != balanced[1]
+    odd = assign_folds(tasks[:10], 4, 0, "length")  # a short last run goes to the first folds
+    assert [sum(1 for f in odd.values() if f == i) for i in range(4)] == [3, 3, 2, 2]
+    with pytest.raises(ValueError, match="fold balance"):
+        assign_folds(tasks, 4, 0, "size")

@@ -151,7 +151,7 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
         return {i: [t for t in tasks if folds[t[T.TASK_ID]] == i] for i in range(cfg.benchmark.folds)}
 
     def folds_stage(out: Path) -> dict:
-        folds = assign_folds(tasks, cfg.benchmark.folds, cfg.benchmark.fold_seed)
+        folds = assign_folds(tasks, cfg.benchmark.folds, cfg.benchmark.fold_seed, cfg.benchmark.fold_balance)
         write_json_atomic(out / "folds.json", folds)
         sizes = [sum(1 for f in folds.values() if f == i) for i in range(cfg.benchmark.folds)]
         return {"rows_in": len(tasks), "rows_out": len(folds), "sizes": sizes}
