@@ -206,7 +206,9 @@ class AdvPromptDetector:
 
     def predict_proba(self, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
         """Member probability per row, float64 [n] (from the float64 log-odds)."""
-        return 1.0 / (1.0 + np.exp(-self.predict_log_odds(arrays)))
+        from scipy.special import expit  # no overflow warning at the large margins these nets reach
+
+        return expit(self.predict_log_odds(arrays))
 
     def predict_log_odds(self, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
         """log P(member) - log P(non-member) per row, float64 [n]: what the detectors rank by.

@@ -231,7 +231,9 @@ class CGMIADetector:
 
     def predict_proba(self, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
         """Member probability per row, float64 [n] (the logistic of ``predict_log_odds``)."""
-        return 1.0 / (1.0 + np.exp(-self.predict_log_odds(arrays)))
+        from scipy.special import expit  # no overflow warning at the large margins these nets reach
+
+        return expit(self.predict_log_odds(arrays))
 
     def predict_log_odds(self, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
         """log P(member) - log P(non-member) per row, float64 [n]: the score (module doc)."""
@@ -369,7 +371,7 @@ def _rows(arrays: Mapping[str, np.ndarray], idx: np.ndarray) -> dict[str, np.nda
 
 
 def cross_fit_log_odds(train_arrays: Mapping[str, np.ndarray], config: CGMIAConfig | None = None, seed: int = 0,
-                    n_folds: int = CROSS_FIT_FOLDS) -> np.ndarray:
+                       n_folds: int = CROSS_FIT_FOLDS) -> np.ndarray:
     """Out-of-fold member log-odds for the training rows: k folds by task (stratified
     by label, split seeded from ``seed``), each scored by a detector fitted with ``seed``
     on the other folds."""

@@ -73,7 +73,9 @@ class CGMIAEnsemble(KeepsHeldout):
     def _combine(self, models: list[CGMIADetector], y: np.ndarray, seed: int) -> None:
         """Weights from the members' out-of-fold scores (log-odds, kept by ``fit_thresholded``)."""
         self.seed, self.models = seed, list(models)
-        oofs = [1.0 / (1.0 + np.exp(-m.oof)) for m in self.models]  # probabilities, as the members' scores below
+        from scipy.special import expit
+
+        oofs = [expit(m.oof) for m in self.models]  # probabilities, as the members' scores below
         mccs = [choose_threshold(y, oof).mcc for oof in oofs]  # MCC at the member's own max-MCC cut
         w = np.clip(np.asarray(mccs), 0.0, None)
         self.weights = w / w.sum() if w.sum() > 0 else np.full(len(w), 1.0 / len(w))
