@@ -164,3 +164,25 @@ def test_cgmia_expert_blocks_mask_reaches_the_model():
     assert det.expert_keep[k:3 * k].sum() == 0 and det.expert_keep[:k].all()
     none = fit(arrays, CGMIAConfig.from_dict({**FAST_CGMIA, "expert_blocks": [False] * 4}), 0, progress=False)
     assert none.frozen.expert is None and not none.expert_keep.any()
+
+
+def test_the_classic_mlp_scores_by_its_log_odds_which_do_not_tie_where_its_probability_does():
+    """scikit-learn's MLP (`mlp`) saturates like CGMIA's and AdvPrompt's heads: its probability is
+    exactly 1.0 past a margin of ~37, and those rows tie. Its score is the output unit before the
+    logistic, from the public weights: the same model (its logistic is the probability), no ties."""
+    from scipy.special import expit
+
+    from leakray.detect.expert_ml import make_model, model_scores
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 4))
+    y = (x[:, 0] + 0.3 * x[:, 1] > 0).astype(int)
+    model = make_model("mlp", {"hidden_layer_sizes": [32, 16], "alpha": 1e-6}, seed=0).fit(x, y)
+    far = x * 60  # far outside the training range: margins in the hundreds
+    score, proba = model_scores(model, far), model.predict_proba(far)[:, 1]
+    np.testing.assert_allclose(expit(score), proba, atol=1e-12)
+    tied = proba == 1.0
+    assert tied.sum() >= 20 and len(np.unique(score[tied])) == tied.sum()
+    assert np.all(np.diff(proba[np.argsort(score)]) >= 0)
+    lr = make_model("lr", {"C": 1.0}, seed=0).fit(x, y)  # the others keep their probability
+    np.testing.assert_array_equal(model_scores(lr, x), lr.predict_proba(x)[:, 1])
