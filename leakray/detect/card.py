@@ -37,8 +37,8 @@ VAL_SCORES = "val_scores.parquet"
 # for them, so the card route's member/non-member distributions may use every shadow task
 FIT_SCORES = "fit_scores.parquet"
 DETECTORS_DIR = "detectors"
-# 3: CGMIA's and AdvPrompt-MIA's scores, cuts and calibrators are member log-odds (2: their
-# probabilities, saturated at 1.0; a version-2 card's cuts mean nothing on the new scores);
+# 3: CGMIA's, AdvPrompt-MIA's and the classic MLP's scores, cuts and calibrators are member
+# log-odds (2: their probabilities, saturated at 1.0; a version-2 card's cuts mean nothing on them);
 # 2: plain-data detector files with recorded hashes (1: pickles)
 VERSION = 3
 
