@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Iterable, Mapping
 
 import numpy as np
 import pyarrow as pa
+from scipy.special import expit
 
 from leakray.detect.arrays import list_column
 from leakray.detect.base import DetectorSpec, FitContext, KeepsHeldout, labels, split_by_task, task_keys
@@ -77,8 +78,7 @@ def make_model(kind: str, params: Mapping[str, Any], seed: int):
     return make_pipeline(MinMaxScaler(), clf)
 
 
-_HIDDEN = {"relu": lambda h: np.maximum(h, 0.0), "tanh": np.tanh, "identity": lambda h: h,
-           "logistic": lambda h: 1.0 / (1.0 + np.exp(-h))}
+_HIDDEN = {"relu": lambda h: np.maximum(h, 0.0), "tanh": np.tanh, "identity": lambda h: h, "logistic": expit}
 
 
 def model_scores(model, x: np.ndarray) -> np.ndarray:
