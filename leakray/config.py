@@ -361,6 +361,12 @@ class RayConfig(Section):
     use_ray_train: bool | Literal["auto"] = "auto"
 
 
+# Keys added after runs existed, with the value that behaves as before they did: at that value a
+# key stays out of the hash, so the runs made before it (and the stages other runs adopt from
+# them) keep their keys; another value is another run.
+ADDED_LATER = {("benchmark", "fold_balance"): "none"}
+
+
 class SimulateConfig(Section):
     """The simulated-leakage protocol (CGMIA paper, RQ1)."""
 
@@ -411,10 +417,9 @@ class SimulateConfig(Section):
             # collection stages are adopted by key (protocols/stage_keys.py). Names only: listing
             # them imports no detector.
             out["detect"]["detectors"] = registry.names()
-        if out["benchmark"]["fold_balance"] == "none":
-            # a key added after runs existed enters their hash only away from its old behaviour: a
-            # plain split's runs (and the stages other runs adopt from them) keep their keys
-            del out["benchmark"]["fold_balance"]
+        for (section, key), before in ADDED_LATER.items():
+            if out[section][key] == before:
+                del out[section][key]
         return out
 
 
