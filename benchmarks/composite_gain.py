@@ -15,9 +15,10 @@ member fold happens to differ from its non-member fold (length, difficulty) move
 AUC, the control's too, and this takes that out.
 
 ``--refit`` also reads each run's stored collections (shadow and target) and prints, per split and
-dose: the solution and question probes' oracle calibrations averaged (each standardised on the
-shadow); ``text_combined`` fitted on the shadow with each combiner (what ``auto`` did not choose);
-``leakray_combined`` (``auto``) fitted with and without the question probe's columns.
+dose: the solution and question probes' calibrations averaged (each standardised on the shadow),
+against the oracle reference, against tiny-alt, and all four; ``text_combined`` fitted on the shadow
+with each combiner (what ``auto`` did not choose); ``leakray_combined`` (``auto``) fitted with and
+without the question probe's columns.
 """
 
 from __future__ import annotations
@@ -82,6 +83,11 @@ def render(result: dict, composite: str, labels: list[str]) -> str:
     return "\n".join(lines)
 
 
+# the calibrated sampled probes, solution and question, against each reference model
+ORACLE_PAIR = ("next_token_calibrated", "question_next_token_calibrated")
+NONORACLE_PAIR = ("next_token_calibrated_nonoracle", "question_next_token_calibrated_nonoracle")
+
+
 def refits(run: Path) -> dict:
     """Target AUCs of one dose run's refits (module docstring, ``--refit``)."""
     import pyarrow.parquet as pq
@@ -92,12 +98,13 @@ def refits(run: Path) -> dict:
 
     shadow, target = (pq.read_table(run / f"collect_{r}" / "collection.parquet") for r in ("shadow", "target"))
     y = target.column(C.MEMBER).to_numpy()
-    pair = 0.0
-    for name in ("next_token_calibrated", "question_next_token_calibrated"):
+    z = {}  # each calibrated probe's target score, standardised on the shadow
+    for name in (*ORACLE_PAIR, *NONORACLE_PAIR):
         d = registry.make(name)
         ref = d.score(shadow)
-        pair = pair + (d.score(target) - ref.mean()) / ref.std()
-    out = {"pair": roc_auc_score(y, pair)}
+        z[name] = (d.score(target) - ref.mean()) / ref.std()
+    out = {label: roc_auc_score(y, sum(z[n] for n in names)) for label, names in
+           (("pair", ORACLE_PAIR), ("nonoracle pair", NONORACLE_PAIR), ("four", ORACLE_PAIR + NONORACLE_PAIR))}
     for comb in ("logistic", "unit", "pooled"):
         out[f"text_combined {comb}"] = roc_auc_score(y, registry.make("text_combined", {"combiner": comb})
                                                      .fit(shadow, 0).score(target))
@@ -110,7 +117,7 @@ def refits(run: Path) -> dict:
 
 
 def render_refits(outputs: list[str], labels: list[str]) -> str:
-    lines = ["| split | dose | " + " | ".join(("solution + question (oracle calibrations)",
+    lines = ["| split | dose | " + " | ".join(("solution + question: oracle / tiny-alt / all four calibrations",
                                                "text_combined logistic / unit / pooled",
                                                "leakray_combined with / without question")) + " |",
              "|---|---|---|---|---|"]
@@ -119,9 +126,10 @@ def render_refits(outputs: list[str], labels: list[str]) -> str:
         runs = json.loads((sweep / "detectability.json").read_text())["runs"]
         for dose, run in sorted(runs.items(), key=lambda kv: int(kv[0])):
             r = refits(Path(run))
-            lines.append(f"| {label} | {dose} | {r['pair']:.3f} | " + " / ".join(
-                f"{r[f'text_combined {c}']:.3f}" for c in ("logistic", "unit", "pooled")) + " | "
-                + f"{r['leakray_combined with question']:.3f} / {r['leakray_combined without question']:.3f} |")
+            combiners = " / ".join(f"{r[f'text_combined {c}']:.3f}" for c in ("logistic", "unit", "pooled"))
+            lines.append(f"| {label} | {dose} | {r['pair']:.3f} / {r['nonoracle pair']:.3f} / {r['four']:.3f} | "
+                         f"{combiners} | {r['leakray_combined with question']:.3f} / "
+                         f"{r['leakray_combined without question']:.3f} |")
     return "\n".join(lines)
 
 
