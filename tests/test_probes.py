@@ -5,6 +5,8 @@ endpoint audit's detector list (access "black box": text-only detectors only, a 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -401,14 +403,23 @@ def test_pooled_combiner_averages_the_sampled_inputs_and_screens_the_rest(tmp_pa
 
 # ---- the audit of an endpoint without log-probabilities -------------------------------------------
 
-def black_box(table: pa.Table) -> pa.Table:
-    """What a text-only endpoint's collection holds: no reference scores, NaN perplexities."""
+def _nulled(table: pa.Table, names: tuple[str, ...]) -> pa.Table:
     sch = collection_schema()
-    for name in (C.REF_LOSS, C.REF_TOKEN_LOGPROBS, C.REF_TOKEN_MU, C.REF_TOKEN_SIGMA, C.REF_TOKEN_RANK,
-                 C.REFMODEL_TOKEN_LOGPROBS, C.UPPER_PERPLEXITY):
+    for name in names:
         if name in table.column_names:
             table = table.set_column(table.schema.get_field_index(name), name, pa.nulls(table.num_rows,
                                                                                         sch.field(name).type))
+    return table
+
+
+# what an endpoint that scores no given text (no `echo`) leaves empty: every score of the reference
+NO_ECHO = (C.REF_LOSS, C.REF_TOKEN_LOGPROBS, C.REF_TOKEN_MU, C.REF_TOKEN_SIGMA, C.REF_TOKEN_RANK, C.PROMPT_LOGPROB)
+
+
+def black_box(table: pa.Table) -> pa.Table:
+    """What a text-only endpoint's collection holds: no reference scores, NaN perplexities."""
+    sch = collection_schema()
+    table = _nulled(table, NO_ECHO + (C.REFMODEL_TOKEN_LOGPROBS, C.UPPER_PERPLEXITY))
     k = len(table.column(C.PERPLEXITY)[0].as_py())
     if C.ADV_PERPLEXITY in table.column_names:
         table = table.set_column(table.schema.get_field_index(C.ADV_PERPLEXITY), C.ADV_PERPLEXITY,
@@ -459,7 +470,9 @@ def test_endpoint_audit_runs_every_text_only_detector_with_a_text_only_primary(t
     text_only = {"gt_match", "cdd", *PROBE_DETECTORS, "text_combined", "advprompt_text"}
     assert access == "black box" and set(allowed) == text_only
     assert set(skipped) == {"ref_loss", "min_k", "detectleak", "leakray_combined", "advprompt"}
-    assert all("needs logprobs access; the target gives black box" in why for why in skipped.values())
+    assert {n: why for n, why in skipped.items() if "the target gives black box" in why} == {
+        n: f"needs {registry.spec(n).access} access; the target gives black box" for n in skipped}
+    assert {registry.spec(n).access for n in skipped} == {"logprobs", "sampled logprobs"}
     scores, unusable = card.score(target, allowed)
     assert set(scores) == text_only and not unusable
     primary = choose_primary(card, list(scores), None)
@@ -467,6 +480,40 @@ def test_endpoint_audit_runs_every_text_only_detector_with_a_text_only_primary(t
     # the same card on a target with log-probabilities runs everything
     assert by_access(card, with_probes(rich_collection(n=20, seed=4, prefix="w")))[0] == "weights"
     assert card.score(target, [])[0] == {}  # an empty selection is empty, not "all"
+
+    # an endpoint that returns the log-probabilities of what it samples but scores no given text
+    # (refuses `echo`): the detectors reading the completions' perplexities run too, the ones
+    # reading the reference's log-probabilities do not
+    sampled = _nulled(with_adv(with_probes(rich_collection(n=40, seed=3, prefix="v", signal=0.6)), 3), NO_ECHO)
+    access, allowed, skipped = by_access(card, sampled)
+    assert access == "sampled logprobs" and set(allowed) == text_only | {"detectleak", "advprompt"}
+    assert set(skipped) == {"ref_loss", "min_k", "leakray_combined"}
+    assert all("needs logprobs access; the target gives sampled logprobs" in why for why in skipped.values())
+    scores, unusable = card.score(sampled, allowed)
+    assert set(scores) == set(allowed) and not unusable
+    assert registry.spec(choose_primary(card, list(scores), None)).access in ("black box", "sampled logprobs")
+
+
+def test_an_endpoint_without_echo_gives_sampled_logprobs_access(memorised):
+    """A hosted API that returns the log-probabilities of what it generates but refuses `echo`
+    (scores no given text): perplexities of the samples, no reference scores, and the access
+    level that says so."""
+    from leakray.models.endpoint_sampler import REF_LOSS_UNSUPPORTED
+    from leakray.models.endpoint_server import CompletionServer, HFBackend
+    from leakray.models.sampler import SampleConfig
+    from leakray.stages.collect import SampleStage, finalize
+
+    refuse_echo = lambda body, _: "400:echo is not supported for this model" if body.get("echo") else None  # noqa: E731
+    with CompletionServer(HFBackend(memorised), fault=refuse_echo) as srv:
+        stage = SampleStage(memorised, SampleConfig(backend="openai", endpoint_url=srv.url, k=2, max_new_tokens=16,
+                                                    max_retries=0))
+        table = finalize(stage(_tasks()))
+        echoed = srv.count(lambda body: bool(body.get("echo")))
+    assert echoed >= 2  # asked, refused, not retried as a failure
+    assert collection_access(table) == "sampled logprobs"
+    assert table.column(C.REF_TOKEN_LOGPROBS).null_count == 2
+    assert all(math.isfinite(v) for row in table.column(C.PERPLEXITY).to_pylist() for v in row)
+    assert all(REF_LOSS_UNSUPPORTED in notes for notes in table.column(C.NOTES).to_pylist())
 
 
 def test_vllm_probe_is_one_greedy_call_without_logprobs(monkeypatch, tmp_path):

@@ -22,7 +22,7 @@ from leakray.schema import C
 class AdvPromptMIA(Detector):
     spec = DetectorSpec("advprompt", "AdvPrompt-MIA (Jiang et al. 2025)",
                         (C.ADV_EMBEDDING, C.ADV_PERPLEXITY, C.ADV_KIND, C.REF_EMBEDDING),
-                        "logprobs", "learned", True,
+                        "sampled logprobs", "learned", True,
                         "stability of greedy completions under 11 proven prompt perturbations "
                         "(embedding similarity, relative perplexity) -> MLP")
     defaults = {"config": {}, "folds": 4}

@@ -30,7 +30,14 @@ from leakray.evaluate.thresholds import DEFAULT_RULE, choose_threshold
 from leakray.schema import C
 
 FIT_KINDS = ("none", "local", "ray_train", "ray_tune")
-ACCESS_LEVELS = ("black box", "logprobs", "weights")
+# What the auditor needs from the model, from least to most (a level allows every level before it):
+# - "black box": the text of its completions (and an encoder the auditor runs);
+# - "sampled logprobs": and the log-probabilities of the tokens it sampled (an API's `logprobs` on
+#   generation: the perplexities of its own completions), but no score for a given text;
+# - "logprobs": and the log-probabilities of any given text (an API's `echo`, or prompt scoring:
+#   the reference solution's tokens under the model);
+# - "weights": the model itself (a full distribution per token, ranks).
+ACCESS_LEVELS = ("black box", "sampled logprobs", "logprobs", "weights")
 FAMILIES = ("likelihood", "generation", "learned", "composite")
 META_FILE = "detector.json"
 
@@ -80,8 +87,10 @@ class FitContext:
 def collection_access(table: pa.Table) -> str:
     """What the model behind a collection gave (an ACCESS_LEVELS entry): "weights" when the
     reference has a full distribution per token (Min-K%++'s mu, an in-process model),
-    "logprobs" when it has token log-probabilities (of the reference, or finite perplexities of
-    the samples: an endpoint that returns them), else "black box" (text only)."""
+    "logprobs" when the reference solution has token log-probabilities (an endpoint that scores
+    given text), "sampled logprobs" when only the samples have finite perplexities (an endpoint
+    that returns log-probabilities of what it generates but refuses `echo`), else "black box"
+    (text only)."""
     import math
 
     def filled(name: str) -> bool:
@@ -89,9 +98,11 @@ def collection_access(table: pa.Table) -> str:
 
     if filled(C.REF_TOKEN_MU):
         return "weights"
-    if filled(C.REF_TOKEN_LOGPROBS) or (filled(C.PERPLEXITY) and any(
-            math.isfinite(v) for row in table.column(C.PERPLEXITY).to_pylist() for v in row or [])):
+    if filled(C.REF_TOKEN_LOGPROBS):
         return "logprobs"
+    if filled(C.PERPLEXITY) and any(math.isfinite(v) for row in table.column(C.PERPLEXITY).to_pylist()
+                                    for v in row or []):
+        return "sampled logprobs"
     return "black box"
 
 

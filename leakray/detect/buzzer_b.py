@@ -37,7 +37,7 @@ def _log_ppl(table: pa.Table, name: str) -> np.ndarray:
 
 class BuzzerB(ScoreOnly):
     spec = DetectorSpec("buzzer_b", "after Buzzer (the CGMIA paper's ref. [65]): case perturbation",
-                        (C.PERPLEXITY, C.UPPER_PERPLEXITY), "logprobs", "generation", False,
+                        (C.PERPLEXITY, C.UPPER_PERPLEXITY), "sampled logprobs", "generation", False,
                         "mean log PPL of upper-cased-prompt completions - mean log PPL of the completions")
 
     def score(self, table: pa.Table) -> np.ndarray:

@@ -423,7 +423,7 @@ class CGMIA(Detector):
     shadow exactly as ``fit_thresholded`` does (same folds, same seed)."""
 
     spec = DetectorSpec("cgmia", "the CGMIA paper (Table 1)", (C.EXPERT, C.GEN_EMBEDDING, C.REF_EMBEDDING),
-                        "logprobs", "learned", True,
+                        "sampled logprobs", "learned", True,
                         "frozen CNN over completion embeddings + reference embedding + projected expert "
                         "features -> FFN", fit="ray_train")
     defaults = {"config": {}, "folds": CROSS_FIT_FOLDS}

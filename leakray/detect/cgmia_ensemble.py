@@ -33,7 +33,7 @@ from leakray.schema import C
 
 class CGMIAEnsemble(KeepsHeldout):
     spec = DetectorSpec("cgmia_ensemble", "the CGMIA paper, RQ4 (ensemble of shadows)",
-                        (C.EXPERT, C.GEN_EMBEDDING, C.REF_EMBEDDING), "logprobs", "composite", True,
+                        (C.EXPERT, C.GEN_EMBEDDING, C.REF_EMBEDDING), "sampled logprobs", "composite", True,
                         "MCC-weighted mean of CGMIA members' probabilities (members: seeds of one shadow)")
     defaults = {"members": 3, "config": {}, "folds": CROSS_FIT_FOLDS}
     group = CGMIA.group  # made of CGMIA fits: fitted together with CGMIA (CGMIA.fit_group)

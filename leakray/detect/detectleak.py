@@ -11,7 +11,7 @@ from leakray.schema import C
 
 
 class DetectLeak(ScoreOnly):
-    spec = DetectorSpec("detectleak", "Zhou et al. 2025 (DetectLeak / LessLeak)", (C.PERPLEXITY,), "logprobs",
+    spec = DetectorSpec("detectleak", "Zhou et al. 2025 (DetectLeak / LessLeak)", (C.PERPLEXITY,), "sampled logprobs",
                         "generation", False, "-(mean perplexity of the k completions)")
 
     def score(self, table: pa.Table) -> np.ndarray:

@@ -201,7 +201,7 @@ class ExpertML(KeepsHeldout):
 
 def _spec(name: str, what: str) -> DetectorSpec:
     return DetectorSpec(name, f"the CGMIA paper §4.4 after Hisamoto et al., TACL 2020 ({what})", (C.EXPERT,),
-                        "logprobs", "learned", True,
+                        "sampled logprobs", "learned", True,
                         f"{what} on per-task means of the 4 expert features, grid-searched on Ray Tune",
                         fit="ray_tune")
 
