@@ -8,6 +8,8 @@ Targets (HumanEval, 164 tasks; members drawn by task with a seed the audit never
 - pretraining mixtures (`leak.mode=pretrain-mix`): the tiny base continued on ~0.9M tokens of clean
   code with 25% of the tasks inserted 4 or 16 times;
 - the clean tiny base served through the OpenAI-compatible endpoint backend (truth 0%);
+- `endpoint-noecho-*`: served by an endpoint that refuses `echo` (it scores no given text, but
+  returns the log-probabilities of what it samples): the clean base and a 20% twin;
 - `mixcard-*`: the same kinds of target audited with a card whose shadow carries a
   pretraining-mixture leak (`leak.mode=pretrain-mix`, each shadow member read 16 times);
 - `ctrl-*`: the control route — a seeded third of HumanEval (55 tasks) is given as control tasks
@@ -46,6 +48,10 @@ TARGETS = {
     "mix-d4": ("tiny", "pretrain-mix", 0.25, 4, "tiny"),
     "mix-d16": ("tiny", "pretrain-mix", 0.25, 16, "tiny"),
     "endpoint-clean": ("tiny", "endpoint", 0.0, 0, "tiny"),
+    # served by an endpoint that returns its samples' log-probabilities but refuses `echo` (scores no
+    # given text, as many hosted APIs): access "sampled logprobs", a clean target and a 20% twin
+    "endpoint-noecho-clean": ("tiny", "endpoint", 0.0, 0, "tiny"),
+    "endpoint-noecho-twin-20": ("tiny", "finetune", 0.2, 0, "tiny"),
     # a card whose shadow read its half of the tasks 16 times each in a pretraining mixture
     "mixcard-d16": ("tiny", "pretrain-mix", 0.25, 16, "tiny+mix16"),
     "mixcard-d4": ("tiny", "pretrain-mix", 0.25, 4, "tiny+mix16"),
@@ -148,18 +154,28 @@ def flaky(body: dict, n: int) -> str | None:
     return None
 
 
-def audit(target: dict, spec: tuple, card: Path, out: Path, reference: str, extra: list[str] = ()) -> Path:
+def no_echo(body: dict, n: int) -> str | None:
+    """The same faults, and `echo` refused as a hosted API refuses it."""
+    return "400:echo is not supported for this model" if body.get("echo") else flaky(body, n)
+
+
+SERVED = {"endpoint-clean": flaky, "endpoint-noecho-clean": no_echo, "endpoint-noecho-twin-20": no_echo}
+
+
+def audit(target: dict, card: Path, out: Path, reference: str, extra: list[str] = (), served=None) -> Path:
+    """The audit of ``target`` (a model path), or of the same model behind a local endpoint whose
+    requests pass the fault hook ``served``."""
     from leakray.config import AUDIT_DEFAULTS, AuditConfig, load_config
     from leakray.console import Console
     from leakray.protocols.audit import run_audit
 
     overrides = SETTINGS + [f"audit.card={card}", f"audit.target={target['path']}", f"output_dir={out / 'runs'}",
                             f"audit.reference_model={reference}", *extra]
-    if spec[1] != "endpoint":
+    if served is None:
         return run_audit(load_config([AUDIT_DEFAULTS], overrides, AuditConfig), Console(stream=LOG))
     from leakray.models.endpoint_server import CompletionServer, HFBackend
 
-    with CompletionServer(HFBackend(target["path"], threads=1), fault=flaky, lifetime_s=3600) as srv:
+    with CompletionServer(HFBackend(target["path"], threads=1), fault=served, lifetime_s=3600) as srv:
         overrides += ["sample.backend=openai", f"sample.endpoint_url={srv.url}", "audit.target=tiny-served",
                       "sample.backoff_s=0.2", "sample.max_retries=8"]
         return run_audit(load_config([AUDIT_DEFAULTS], overrides, AuditConfig), Console(stream=LOG))
@@ -212,6 +228,7 @@ def row(name: str, spec: tuple, target: dict, report: dict, n_tasks: int, refere
         "error": None if est is None else est - truth,
         "covered": None if est is None else bool(ci[0] - 1e-9 <= truth <= ci[1] + 1e-9),
         "route": s["leaked_fraction"]["route"], "statement": s["leaked_fraction"].get("statement"),
+        "access": s.get("access"), "detectors_run": s.get("detectors_run"),
         "primary": s.get("primary_detector"), "flagged": s["verdicts"]["suspected"], "flagged_clean": flagged_clean,
         "uniform_p": ((s.get("self_calibrated") or {}).get("uniformity") or {}).get("ks_p"),
         "why_self_cal": (s.get("self_calibrated") or {}).get("why_unusable"),
@@ -247,8 +264,8 @@ def markdown(rows: list[dict]) -> str:
                      f"{r['flagged']} ({_pct(r['flagged_clean'])}) | {_pct(r['self_cal'])} / {_pct(r['card_route'])} | "
                      f"{'–' if r['uniform_p'] is None else format(r['uniform_p'], '.3f')} |")
     lines += ["", "Why no number, by route:", ""]
-    lines += [f"- {r['target']}: self-calibrated — {r['why_self_cal'] or 'used'}; card — {r['why_card'] or 'usable'}"
-              for r in rows]
+    lines += [f"- {r['target']} (access {r.get('access')}, primary {r.get('primary')}): self-calibrated — "
+              f"{r['why_self_cal'] or 'used'}; card — {r['why_card'] or 'usable'}" for r in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -319,13 +336,14 @@ def main() -> None:
             extra = [f"benchmark.path={bench_file}", f"audit.control=humaneval-control={control_file}"]
         target = build_target(name, spec, cfg, audited, out)
         other = "tiny-alt" if spec[0] == "tiny" else "tiny"
-        run_dir = audit(target, spec, cards[spec[4]], out, reference=other, extra=extra)
+        run_dir = audit(target, cards[spec[4]], out, reference=other, extra=extra, served=SERVED.get(name))
         report = json.loads((run_dir / "report.json").read_text())
         report["run_dir"] = str(run_dir)
         rows.append(row(name, spec, target, report, len(audited), other))
         rows[-1]["seconds"] = round(time.perf_counter() - t, 1)
         print(json.dumps(rows[-1]), flush=True, file=sys.stderr)
-        if not args.no_oracle and spec[1] not in ("none", "endpoint"):  # the clean base is its own oracle
+        # the clean base is its own oracle; an endpoint without echo gives no log-probabilities to compare
+        if not args.no_oracle and spec[1] not in ("none", "endpoint") and SERVED.get(name) is not no_echo:
             sc = oracle_selfcal(run_dir, cfg, spec[0])
             truth = len(target["members"]) / len(audited)
             est = sc["estimate"] if sc["usable"] else None

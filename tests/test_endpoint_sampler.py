@@ -242,6 +242,21 @@ def test_a_target_without_logprobs_still_gives_completions(tiny_lm, mode):
     assert all(math.isnan(v) for v in losses) and sampler.loss_notes == [[REF_LOSS_UNSUPPORTED]] * 3
 
 
+def test_a_target_that_refuses_echo_is_asked_once(backend):
+    """An API that returns its samples' log-probabilities but scores no given text: the samples keep
+    their perplexities, the reference scores are NaN with the note, and after the first refusal
+    no other row's echo is sent."""
+    refuse = lambda body, _: "400:echo is not supported for this model" if body.get("echo") else None  # noqa: E731
+    with CompletionServer(backend, fault=refuse) as srv:
+        sampler = EndpointSampler("tiny", _cfg(srv.url, concurrency=1))
+        out = _run(sampler)
+        losses = sampler.reference_loss([p for p, _, _ in PROMPTS], REFERENCES)
+        echoed = srv.count(lambda body: bool(body.get("echo")))
+    assert all(math.isfinite(p) for s in out for p in s.perplexity) and not any(s.notes for s in out)
+    assert all(math.isnan(v) for v in losses) and sampler.loss_notes == [[REF_LOSS_UNSUPPORTED]] * 3
+    assert echoed == 1
+
+
 def test_concurrency_is_bounded(backend):
     with CompletionServer(backend) as srv:  # record one real answer per prompt, then replay it slowly
         sampler = EndpointSampler("tiny", _cfg(srv.url))

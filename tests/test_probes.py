@@ -509,7 +509,7 @@ def test_an_endpoint_without_echo_gives_sampled_logprobs_access(memorised):
                                                     max_retries=0))
         table = finalize(stage(_tasks()))
         echoed = srv.count(lambda body: bool(body.get("echo")))
-    assert echoed >= 2  # asked, refused, not retried as a failure
+    assert echoed >= 1  # asked, refused, not retried as a failure
     assert collection_access(table) == "sampled logprobs"
     assert table.column(C.REF_TOKEN_LOGPROBS).null_count == 2
     assert all(math.isfinite(v) for row in table.column(C.PERPLEXITY).to_pylist() for v in row)

@@ -22,7 +22,8 @@ sampler's exactly; without it, comment lines just before a stop stay in the comp
 
 `reference_scores` asks for the echoed program's log-probs (`echo`, `max_tokens=0`, or 1
 where a server refuses 0) and scores the tokens not wholly inside the generation prompt;
-NaN with a note in `loss_notes` where the target scores no given text. An echo gives only
+NaN with a note in `loss_notes` where the target scores no given text (asked once: after a
+refusal the other rows are not sent). An echo gives only
 the scored tokens' own log-probs: Min-K%++'s mu/sigma and the rank are None with notes
 (`reference_loss` is the scores' loss).
 
@@ -174,6 +175,9 @@ class EndpointSampler:
         self._pool: ThreadPoolExecutor | None = None
         self._echo_max_tokens = 0  # 1 once a server refuses max_tokens=0 with echo
         self._logprobs = True  # False once the server refuses them
+        # False once the server refuses to score given text (echo, or logprobs with it): the rest
+        # of the rows are not asked again (a hosted API bills every refused request too)
+        self._echo = True
 
     def __repr__(self) -> str:
         return f"EndpointSampler(model={self.model!r}, url={self.settings.completions_url!r})"
@@ -295,6 +299,8 @@ class EndpointSampler:
         cont = continuation(prompt, reference)
         if not cont.strip():
             return self._no_continuation()
+        if not self._echo:
+            return None, [REF_LOSS_UNSUPPORTED]
         text, start = program_of(prompt, cont), len(generation_prompt(prompt))
         payload = {"model": self.model, "prompt": text, "echo": True, "logprobs": 1, "temperature": 0.0}
 
@@ -313,6 +319,7 @@ class EndpointSampler:
         except _Refused as exc:
             message = exc.message.lower()
             if "logprob" in message or "echo" in message:
+                self._echo = False
                 return None, [REF_LOSS_UNSUPPORTED]
             return None, [f"ref_loss_{FAILED}http_{exc.status}"]  # e.g. longer than the context
         except _RowFailed as exc:
