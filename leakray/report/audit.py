@@ -123,6 +123,8 @@ def truth_check(member: np.ndarray, scores: dict[str, np.ndarray]) -> dict | Non
 
 def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard, isolation: str,
                        timings: dict) -> dict:
+    from leakray.detect import registry
+
     a = cfg.audit
     target = pq.read_table(run_dir / "collect_target" / "collection.parquet")
     task_ids = target.column(C.TASK_ID).to_pylist()
@@ -195,7 +197,9 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
         },
         "detectors": {n: {**{k: dmeta[n]["validation"].get(k) for k in ("auc", "auc_ci", "tpr_at_1fpr", "tpr_at_5fpr",
                                                                          "mcc", "n_pos", "n_neg")},
-                          "family": dmeta[n]["spec"]["family"], "access": dmeta[n]["spec"]["access"],
+                          # the access this version gives the detector (what `by_access` checked), not
+                          # the one stored with the card when it was built
+                          "family": dmeta[n]["spec"]["family"], "access": registry.spec(n).access,
                           "brier": dmeta[n]["calibration_quality"]["brier"],
                           "target_auc": (target_auc or {}).get(n)}
                       for n in dmeta if n in scores},
