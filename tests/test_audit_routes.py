@@ -42,6 +42,22 @@ def test_self_calibrated_route_estimates_a_separable_leak():
         assert flagged[:164 - n_mem].sum() <= 0.15 * flagged.sum()  # false leaks among the flagged: the FDR (0.1)
 
 
+def test_self_calibrated_route_prints_no_share_its_assumption_caps():
+    """A benchmark leaked at 50% or 60% fits at the route's bound (half the tasks clean); one leaked
+    at 47% fits below it, but its bootstrap reaches the bound: either interval would end at 50%
+    whatever the truth, so no share is printed, only how many at least."""
+    rng = np.random.default_rng(11)
+    for share in (0.47, 0.5, 0.6):
+        n_mem = int(share * 164)
+        x = np.r_[rng.normal(0.0, 0.3, 164 - n_mem), rng.normal(2.0, 0.4, n_mem)]
+        res = selfcal.estimate_empirical(*_lr(x), n_boot=200)
+        why = res.get("why_unusable") or ""
+        assert not res["usable"] and ("half the tasks" in why or "reaches 50%" in why), (share, res["ci"])
+        if share < 0.5:
+            assert res["estimate"] < 0.5 and "reaches 50%" in why
+        assert res["ci"][0] > 0.3  # the lower end still says a large share leaked
+
+
 @pytest.mark.parametrize("case", ["clean", "faint"])
 def test_self_calibrated_route_never_says_zero_with_certainty(case):
     """A clean target and a faint leak (members 1.4 null sds up) look alike: one normal fits both,

@@ -19,8 +19,9 @@ bootstrap interval (the whole fit repeated on resampled tasks).
 (BIC; then "0% leaked" would be a guess: a faint leak looks the same), the bootstrap interval is wider than
 `max_width` (members and clean tasks do not separate: a faint leak, or a clean target whose score
 distribution is merely skewed — the two look alike and the route will not guess), the fit sits at
-pi0 = 0.5 (more than half the tasks look leaked, or the null cannot be told apart), or too few tasks
-could be scored.
+pi0 = 0.5 (more than half the tasks look leaked, or the null cannot be told apart) or its bootstrap
+interval reaches that bound (its upper end is then the assumption's, not the data's), or too few
+tasks could be scored.
 
 Measured, and kept as an option (`audit.rewrites > 0`): the same comparison against renamed
 rewrites of each solution (`leakray.perturb.rewrite`, `task_statistics`) with a theoretical
@@ -196,6 +197,11 @@ def estimate_empirical(task_ids, s, why, *, fdr: float = 0.1, n_boot: int = 300,
                        "scores look alike)")
     if fit["pi0"] <= 0.5 + 1e-6:
         why_not.append("the fit puts half the tasks in the leaked group, the most its null assumption allows")
+    elif np.mean(np.asarray(boots) >= 0.5 - 1e-6) > 0.025:
+        # the interval's upper end is the constraint, not the data: a benchmark leaked at 60% gives
+        # the same fits (at 50%), so "50% [42%, 50%]" would not cover it
+        why_not.append(f"its 95% interval reaches 50%, the most its null assumption (most tasks clean) allows: the "
+                       f"share may be higher than this route can show; at least {lo:.0%} of the tasks look leaked")
     # ambiguous: a faint leak cannot be excluded, so no other route's "few or none" may stand either
     out.update(usable=not why_not, ambiguous=fit["components"] == 1,
                **({"why_unusable": "; ".join(why_not)} if why_not else {}))
