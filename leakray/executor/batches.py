@@ -54,6 +54,11 @@ def run_on_ray(table: pa.Table, steps: Sequence[BatchStep], batch_size: int, out
     # need a CPU that the step actors may all hold.
     size = max(1, batch_size)
     blocks = [table.slice(i, size) for i in range(0, table.num_rows, size)] or [table]
+    from ray.data import DataContext
+
+    from leakray.executor.runtime import no_progress_guard_off
+
+    no_progress_guard_off(DataContext.get_current())  # before the dataset copies the context
     ds = ray.data.from_arrow(blocks)
     for step in steps:
         res = step.resources

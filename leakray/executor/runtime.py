@@ -34,6 +34,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, *, verbo
     from ray.data import DataContext
 
     ctx = DataContext.get_current()
+    no_progress_guard_off(ctx)
     ctx.enable_progress_bars = True
     ctx.enable_operator_progress_bars = verbose
     ctx.print_on_execution_start = verbose
@@ -45,6 +46,22 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, *, verbo
                     h.setLevel(logging.WARNING)
     if log_dir is not None:
         _link_session_logs(Path(log_dir))
+
+
+# Ray Data's own variable: where it is set, its value stands
+NO_PROGRESS_ENV = "RAY_DATA_EXECUTION_NO_PROGRESS_TIMEOUT_S"
+
+
+def no_progress_guard_off(ctx) -> None:
+    """Ray Data (2.60 here) fails an execution in which no operator takes an output for 30 minutes,
+    and with it every batch the stage had finished. One batch can take longer and still be
+    working: 8 tasks through a rate-limited API or a large model on a slow device (measured: a
+    collection through the matrix's endpoint, four batches in flight on one served model, was
+    failed after 1800 s with every batch still being answered). Each step bounds its own time
+    (request timeouts and retries, sandbox limits, `max_new_tokens`), so the guard is off here,
+    unless the user sets Ray's variable for it."""
+    if NO_PROGRESS_ENV not in os.environ:
+        ctx.execution_no_progress_timeout_s = -1
 
 
 def run_task(fn, *args, engine: str = "local", num_gpus: float = 0, num_cpus: float = 1):
