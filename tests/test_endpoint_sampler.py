@@ -257,6 +257,33 @@ def test_a_target_that_refuses_echo_is_asked_once(backend):
     assert echoed == 1
 
 
+def test_one_token_draws_come_from_the_models_distribution(backend):
+    """The server's one-forward-pass path for n one-token samples (the next-token probes' request):
+    the draws follow the model's next-token distribution, each reports its raw log-probability,
+    temperature 0 and a tiny top-p give the argmax, and a seed gives the same draws again."""
+    import torch
+
+    prompt = generation_prompt(PY_BODY)
+    ids = backend.tok(prompt, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        lp = torch.log_softmax(backend.model(input_ids=ids).logits[0, -1].float(), -1)
+
+    def draws(**kw):
+        body = {"prompt": prompt, "n": 2000, "max_tokens": 1, "logprobs": 1, "seed": 3, **kw}
+        return [c["logprobs"] for c in backend.complete(body)["choices"]]
+
+    got = draws(temperature=1.0, top_p=1.0)
+    values = torch.tensor([d["token_logprobs"][0] for d in got])
+    assert all(bool(torch.isclose(lp, v, atol=1e-5).any()) for v in values.unique())  # raw log-probs of tokens
+    top = int(lp.argmax())
+    share = float((values - lp[top]).abs().lt(1e-6).float().mean())
+    assert abs(share - float(lp[top].exp())) < 0.04  # 2000 draws: about 4 standard errors
+    assert values.unique().numel() > 3  # sampled, not the argmax every time
+    assert draws(temperature=1.0, top_p=1.0) == got
+    for greedy in (draws(temperature=0.0), draws(temperature=1.0, top_p=1e-6)):
+        assert {d["token_logprobs"][0] for d in greedy} == {float(lp[top])}
+
+
 def test_concurrency_is_bounded(backend):
     with CompletionServer(backend) as srv:  # record one real answer per prompt, then replay it slowly
         sampler = EndpointSampler("tiny", _cfg(srv.url))

@@ -117,6 +117,8 @@ class HFBackend:
         temperature = float(body.get("temperature", 1.0))
         if body.get("seed") is not None:
             torch.manual_seed(int(body["seed"]))
+        if max_tokens == 1 and n > 1:
+            return self._one_token(ids, n, temperature, float(body.get("top_p", 1.0)), stops)
         sampling = dict(do_sample=True, temperature=temperature, top_p=float(body.get("top_p", 1.0)), top_k=0) \
             if temperature > 0 else dict(do_sample=False)
         gen = self.model.generate(
@@ -127,6 +129,25 @@ class HFBackend:
         logprobs = torch.log_softmax(torch.stack(gen.logits, dim=1).float(), dim=-1)  # raw: unwarped
         logprobs = logprobs.gather(-1, new[..., None]).squeeze(-1)
         return [self._finish(s, new[s].tolist(), logprobs[s].tolist(), stops) for s in range(n)]
+
+    def _one_token(self, ids, n: int, temperature: float, top_p: float, stops: list[str]) -> list[dict]:
+        """n one-token samples (the sampled next-token probes ask for 128 at each of up to 64 cuts)
+        from one forward pass: `generate` would prefill the prompt once per returned sequence,
+        which made a 164-task endpoint collection take over half an hour on this served model.
+        The same distribution, warped by transformers' own temperature and top-p processors."""
+        import torch
+        from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+
+        logits = self.model(input_ids=ids).logits[:, -1].float()
+        raw = torch.log_softmax(logits, dim=-1)[0]  # what the logprobs report: unwarped
+        if temperature > 0:
+            warped = TemperatureLogitsWarper(temperature)(ids, logits)
+            if top_p < 1.0:
+                warped = TopPLogitsWarper(top_p)(ids, warped)
+            drawn = torch.multinomial(torch.softmax(warped, dim=-1)[0], n, replacement=True).tolist()
+        else:
+            drawn = [int(logits[0].argmax())] * n
+        return [self._finish(s, [t], [float(raw[t])], stops) for s, t in enumerate(drawn)]
 
     def _forced(self, ids, n: int, max_tokens: int, prompt: str, stops: list[str]) -> list[dict]:
         """Fixed completion texts, scored by the model as if it had sampled them."""
