@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from leakray.evaluate import card_route, selfcal
-from leakray.evaluate.audit_routes import card_estimate, decide, flags_of
+from leakray.evaluate.audit_routes import CONTROL_HINT, card_estimate, decide, flags_of
+from leakray.evaluate.control_route import MIN_CONTROL
 from leakray.schema import R
 
 
@@ -216,6 +217,22 @@ def test_a_cards_few_or_none_does_not_stand_when_a_faint_leak_cannot_be_excluded
     assert decide(ambiguous, card, route="card")["estimate"] == 0.0  # asked for by name: the user's call
     boundary = {"usable": False, "ambiguous": False, "why_unusable": "half the tasks"}
     assert decide(boundary, {"usable": True, "estimate": 0.54, "ci": [0.36, 0.73]})["route"] == "card"
+
+
+def test_clean_or_faint_names_what_would_settle_it():
+    """"Clean, or a faint leak" ends with what the user can give to tell them apart (control tasks);
+    a statement with another reason, or one made with control tasks given, does not."""
+    ambiguous = {"usable": False, "ambiguous": True, "why_unusable": "no group of tasks stands out"}
+    for card in ({"usable": True, "estimate": 0.0, "ci": [0.0, 0.05]}, {"usable": False, "why_unusable": "KS 0.5"},
+                 None):
+        d = decide(ambiguous, card)
+        assert d["next_step"] == CONTROL_HINT and d["statement"].endswith(CONTROL_HINT), card
+        assert "--control NAME=PATH" in CONTROL_HINT and f"at least {MIN_CONTROL} tasks" in CONTROL_HINT
+    not_ambiguous = {"usable": False, "ambiguous": False, "why_unusable": "only 3 tasks could be scored"}
+    assert "next_step" not in decide(not_ambiguous, None) and "--control" not in decide(not_ambiguous, None)["statement"]
+    unusable_control = {"usable": False, "detected": None, "why_unusable": "too few control tasks"}
+    d = decide(ambiguous, None, control_result=unusable_control)
+    assert "next_step" not in d and "too few control tasks" in d["statement"]
 
 
 def test_primary_on_a_tie_is_a_detector_that_learnt_nothing():

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from leakray.evaluate import card_route, selfcal
+from leakray.evaluate.control_route import MIN_CONTROL
 
 
 def card_estimate(target_score, val_y, val_s, prob, train_prior: float, *, fdr: float, seed: int = 0,
@@ -111,7 +112,18 @@ def decide(selfcal_result: dict | None, card_result: dict | None, route: str = "
                 "statement": "the audit cannot estimate the leaked fraction for this target — control: not run "
                              "(audit.route=control needs control tasks: --control NAME=PATH)"}
     reasons = ["control: " + control_result["why_unusable"]] if control_result is not None else []
-    return _assumed_null_routes(selfcal_result, card_result, route, card_leak, reasons)
+    out = _assumed_null_routes(selfcal_result, card_result, route, card_leak, reasons)
+    if out["estimate"] is None and control_result is None and selfcal_result and selfcal_result.get("ambiguous"):
+        # "clean, or a faint leak" is the one question the assumed nulls cannot settle; a measured
+        # null can (docs/AUDIT.md, "The control route on a faint leak"): say what to give
+        out["next_step"] = CONTROL_HINT
+        out["statement"] += f". {CONTROL_HINT}"
+    return out
+
+
+CONTROL_HINT = (f"Control tasks would test for a faint leak directly: give --control NAME=PATH with at least "
+                f"{MIN_CONTROL} tasks of the benchmark's kind that the target cannot have seen (written after its "
+                "training cutoff)")
 
 
 def _agrees(other: dict, c: dict) -> bool:
