@@ -70,6 +70,16 @@ def test_self_calibrated_route_never_says_zero_with_certainty(case):
     assert res["uniformity"]["ks_p"] > 0.01 and res["n_flagged"] <= 0.05 * 164
 
 
+def test_one_normal_is_the_reason_even_where_the_bootstrap_reaches_the_bound():
+    """Found in the matrix (mix-d4): one normal fits, some resamples fit at the 50% bound, and the
+    reason went on "...; at least 0% of the tasks look leaked". The one-normal reason says it all."""
+    rng = np.random.default_rng(5)  # a faint leak whose resamples reach the bound (ci [0, 0.5])
+    x = np.r_[rng.normal(0.3, 0.14, 123), rng.normal(0.5, 0.14, 41)]
+    res = selfcal.estimate_empirical(*_lr(x), n_boot=200)
+    assert res["ci"][1] >= 0.5 - 1e-6 and res["ambiguous"] and not res["usable"]
+    assert "no group of tasks stands out" in res["why_unusable"] and "at least" not in res["why_unusable"]
+
+
 def test_self_calibrated_route_refuses_a_skewed_clean_target_rather_than_guessing():
     rng = np.random.default_rng(0)
     x = 0.2 + 0.05 * rng.gamma(4, 1, 164)

@@ -197,11 +197,13 @@ def estimate_empirical(task_ids, s, why, *, fdr: float = 0.1, n_boot: int = 300,
                        "scores look alike)")
     if fit["pi0"] <= 0.5 + 1e-6:
         why_not.append("the fit puts half the tasks in the leaked group, the most its null assumption allows")
-    elif np.mean(np.asarray(boots) >= 0.5 - 1e-6) > 0.025:
+    elif fit["components"] == 2 and np.mean(np.asarray(boots) >= 0.5 - 1e-6) > 0.025:
         # the interval's upper end is the constraint, not the data: a benchmark leaked at 60% gives
-        # the same fits (at 50%), so "50% [42%, 50%]" would not cover it
-        why_not.append(f"its 95% interval reaches 50%, the most its null assumption (most tasks clean) allows: the "
-                       f"share may be higher than this route can show; at least {lo:.0%} of the tasks look leaked")
+        # the same fits (at 50%), so "50% [42%, 50%]" would not cover it. (Where one normal fits, the
+        # reason above already says no share; "at least 0% look leaked" would only add noise.)
+        why_not.append("its 95% interval reaches 50%, the most its null assumption (most tasks clean) allows: the "
+                       "share may be higher than this route can show"
+                       + (f"; at least {lo:.0%} of the tasks look leaked" if lo >= 0.005 else ""))
     # ambiguous: a faint leak cannot be excluded, so no other route's "few or none" may stand either
     out.update(usable=not why_not, ambiguous=fit["components"] == 1,
                **({"why_unusable": "; ".join(why_not)} if why_not else {}))
