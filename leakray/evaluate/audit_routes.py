@@ -27,6 +27,11 @@ import numpy as np
 from leakray.evaluate import card_route, selfcal
 from leakray.evaluate.control_route import MIN_CONTROL
 
+# what a statement of "clean, or a faint leak" ends with when no control tasks were given
+CONTROL_HINT = (f"Control tasks would test for a faint leak directly: give --control NAME=PATH with at least "
+                f"{MIN_CONTROL} tasks of the benchmark's kind that the target cannot have seen (written after its "
+                "training cutoff)")
+
 
 def card_estimate(target_score, val_y, val_s, prob, train_prior: float, *, fdr: float, seed: int = 0,
                   n_boot: int = 200, max_width: float = 1.0) -> dict:
@@ -120,10 +125,6 @@ def decide(selfcal_result: dict | None, card_result: dict | None, route: str = "
         out["statement"] += f". {CONTROL_HINT}"
     return out
 
-
-CONTROL_HINT = (f"Control tasks would test for a faint leak directly: give --control NAME=PATH with at least "
-                f"{MIN_CONTROL} tasks of the benchmark's kind that the target cannot have seen (written after its "
-                "training cutoff)")
 
 
 def _agrees(other: dict, c: dict) -> bool:
