@@ -295,3 +295,31 @@ def test_embed_actors_zero_puts_the_encoder_in_the_sampler_actors():
     assert collect_config(SimulateConfig()).embed_with_sampler  # the default
     own = collect_config(SimulateConfig.model_validate({"ray": {"embed_actors": 2}}))
     assert not own.embed_with_sampler and own.embed_resources.actors == 2
+
+
+def test_embedding_a_batch_with_a_failed_row_keeps_the_others():
+    """A row whose sampling failed carries no AdvPrompt completions (None) until finalize drops it;
+    the encoder step must pass it through, not fail the whole batch (found in the audit matrix: an
+    endpoint row that failed stopped a 164-task collection)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from leakray.schema import C
+    from leakray.stages.collect import EmbedStage
+
+    class Stub:  # one vector per text, its length as its value: which text went where is checkable
+        def embed(self, texts):
+            return np.array([[float(len(t)), 1.0] for t in texts])
+
+    stage = EmbedStage.__new__(EmbedStage)
+    stage.embedder = Stub()
+    prompt = "def f():\n"
+    batch = pa.table({C.PROMPT: [prompt, prompt], C.LANGUAGE: ["python", "python"],
+                      C.REFERENCE: [prompt + "    return 1\n", prompt + "    return 2\n"],
+                      C.COMPLETIONS: [["    return 1\n"], [""]],
+                      C.ADV_PROMPTS: [[prompt, ""], [prompt, prompt]],
+                      C.ADV_COMPLETIONS: [["    return 11\n", ""], None]})
+    out = stage._embed(batch).to_pydict()
+    assert out[C.ADV_EMBEDDING][1] is None and len(out[C.GEN_EMBEDDING]) == 2
+    first = out[C.ADV_EMBEDDING][0]
+    assert len(first) == 4 and first[0] > 0 and first[2:] == [0.0, 0.0]  # a missing variant embeds as zeros

@@ -574,7 +574,7 @@ class EmbedStage:
         k = len(completions[0])
         n = len(refs)
         adv = adv_texts(batch) if C.ADV_COMPLETIONS in batch.column_names else None
-        flat_adv = [t for row in adv for t in row if t] if adv else []
+        flat_adv = [t for row in adv if row is not None for t in row if t] if adv else []  # None: a failed row
         vectors = self.embedder.embed([c for row in completions for c in row] + refs + flat_adv)
         gen = vectors[: n * k].reshape(n, -1)
         out = {C.GEN_EMBEDDING: [list(map(float, g)) for g in gen],
