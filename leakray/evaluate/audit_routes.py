@@ -126,7 +126,6 @@ def decide(selfcal_result: dict | None, card_result: dict | None, route: str = "
     return out
 
 
-
 def _agrees(other: dict, c: dict) -> bool:
     """Another route's number against the control route's: its interval must overlap the control's,
     and when the control's test found a leak its estimate must reach the control's lower bound (a
