@@ -245,6 +245,24 @@ def test_clean_or_faint_names_what_would_settle_it():
     assert "next_step" not in d and "too few control tasks" in d["statement"]
 
 
+def test_a_card_number_whose_faint_leak_check_could_not_run_says_so():
+    """Behind an API without `echo` the self-calibrated route cannot fit the target's scores, so
+    nothing checks for the faint leak a fine-tune card cannot see; the card's number (measured: a
+    clean target behind such an endpoint got 0.0% [0.0%, 4.5%]) carries that caveat."""
+    not_run = {"usable": False, "estimate": None, "why_unusable": "only 0 tasks could be scored (30 needed)"}
+    card = {"usable": True, "estimate": 0.0, "ci": [0.0, 0.045]}
+    for sc in (not_run, None):
+        d = decide(sc, card, card_leak={"mode": "finetune", "epochs": 15})
+        assert d["route"] == "card" and d["estimate"] == 0.0 and d["statement"] is None
+        assert "15 epochs" in d["caveat"] and "was not checked" in d["caveat"] and "--control" in d["caveat"]
+    assert "only 0 tasks could be scored" in decide(not_run, card)["caveat"]
+    # checked and not ambiguous (a leaked group was fitted, its interval too wide): no caveat
+    wide = {"usable": False, "ambiguous": False, "estimate": 0.5, "why_unusable": "half the tasks"}
+    assert "caveat" not in decide(wide, card, card_leak={"mode": "finetune", "epochs": 15})
+    # a card that knows faint leaks needs no such caveat
+    assert "caveat" not in decide(not_run, card, card_leak={"mode": "pretrain-mix", "dose": 16})
+
+
 def test_primary_on_a_tie_is_a_detector_that_learnt_nothing():
     from types import SimpleNamespace
 

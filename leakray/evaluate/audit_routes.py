@@ -171,10 +171,26 @@ def _assumed_null_routes(selfcal_result: dict | None, card_result: dict | None, 
             reasons.append(f"{name}: not run")
             continue
         if r.get("usable"):
-            return {"route": name, "estimate": r["estimate"], "ci": r["ci"], "statement": None}
+            out = {"route": name, "estimate": r["estimate"], "ci": r["ci"], "statement": None}
+            if name == "card" and not knows_faint_leaks(card_leak) and "ambiguous" not in (selfcal_result or {}):
+                # The target's own scores were never fitted (no log-probabilities of given text, as
+                # behind an API without `echo`, or too few tasks scored), so nothing checked for the
+                # faint leak this card cannot see: the number stands for leaks as strong as its shadow's
+                out["caveat"] = _unchecked_faint_caveat(card_leak, selfcal_result)
+            return out
         reasons.append(f"{name}: {r.get('why_unusable')}")
     return {"route": None, "estimate": None, "ci": [None, None],
             "statement": "the audit cannot estimate the leaked fraction for this target — " + " | ".join(reasons)}
+
+
+def _unchecked_faint_caveat(card_leak: dict | None, selfcal_result: dict | None) -> str:
+    epochs = (card_leak or {}).get("epochs")
+    shadow = f"fine-tuned on its members for {epochs} epochs" if epochs else "given a strong leak"
+    why = (selfcal_result or {}).get("why_unusable") or "not run"
+    return (f"the card's shadow was {shadow}: the estimate counts leaks about that strong. Whether a fainter "
+            f"one (a few exposures in pretraining) is there was not checked: the self-calibrated route, which "
+            f"would show it, could not fit the target's scores ({why}); control tasks "
+            "(--control NAME=PATH) would test for it")
 
 
 def _control_statement(c: dict, overruled: dict | None = None) -> dict:
