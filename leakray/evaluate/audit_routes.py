@@ -15,6 +15,10 @@ that measured null, else the control route's test and lower bound. Without contr
 self-calibrated estimate when its checks hold; else the card's when the card transfers — unless the self-calibrated route found the target's scores ambiguous (one normal fits:
 clean, or a faint leak), which no card of a stronger leak can settle (a card whose shadow carries a
 pretraining-mixture leak can, with a caveat naming its dose); else no number, with the reasons.
+A fine-tune card's number where the self-calibrated route could not fit the target at all (no
+log-probabilities of given text, as behind an API without `echo`) carries a caveat too: nothing
+checked for the faint leak it cannot see. A "clean, or a faint leak" statement made without control
+tasks ends by naming them (`next_step`).
 The verdicts come from the route that printed the number: 'suspected' is controlled by a
 false-discovery rate across the benchmark, so a benchmark estimated at 0% leaked flags (almost)
 nothing.
