@@ -245,6 +245,15 @@ def test_clean_or_faint_names_what_would_settle_it():
     assert "next_step" not in d and "too few control tasks" in d["statement"]
 
 
+def test_too_few_scored_tasks_names_the_commonest_reason():
+    x = np.full(40, np.nan)
+    x[:3] = [0.1, 0.2, 0.3]
+    why = [""] * 3 + ["the target or the reference model gave no log-probabilities for the solution"] * 37
+    res = selfcal.estimate_empirical([f"t{i}" for i in range(40)], x, why, n_boot=10)
+    assert res["why_unusable"] == ("only 3 tasks could be scored (30 needed): the target or the reference model "
+                                   "gave no log-probabilities for the solution (37 tasks)")
+
+
 def test_a_card_number_whose_faint_leak_check_could_not_run_says_so():
     """Behind an API without `echo` the self-calibrated route cannot fit the target's scores, so
     nothing checks for the faint leak a fine-tune card cannot see; the card's number (measured: a

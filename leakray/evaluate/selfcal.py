@@ -33,6 +33,8 @@ structure, which carries most of the signal at low doses.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from leakray.errors import BadInput
@@ -171,7 +173,8 @@ def estimate_empirical(task_ids, s, why, *, fdr: float = 0.1, n_boot: int = 300,
     per_task = {"task_id": list(task_ids), "s": s, "p": p, "q": q, "flagged": flagged}
     if ok.sum() < min_tasks:
         return {**out, "usable": False, "estimate": None, "ci": [None, None], "per_task": per_task,
-                "why_unusable": f"only {int(ok.sum())} tasks could be scored ({min_tasks} needed)"}
+                "why_unusable": f"only {int(ok.sum())} tasks could be scored ({min_tasks} needed)"
+                                + "".join(f": {w} ({k} tasks)" for w, k in Counter(w for w in why if w).most_common(1))}
     x = s[ok]
     fit = empirical_null(x)
     rng = np.random.default_rng(seed)
