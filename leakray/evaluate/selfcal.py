@@ -172,9 +172,10 @@ def estimate_empirical(task_ids, s, why, *, fdr: float = 0.1, n_boot: int = 300,
     p, q, flagged = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, bool)
     per_task = {"task_id": list(task_ids), "s": s, "p": p, "q": q, "flagged": flagged}
     if ok.sum() < min_tasks:
+        commonest = Counter(w for w in why if w).most_common(1)  # why the others have no statistic
+        reason = f": {commonest[0][0]} ({commonest[0][1]} tasks)" if commonest else ""
         return {**out, "usable": False, "estimate": None, "ci": [None, None], "per_task": per_task,
-                "why_unusable": f"only {int(ok.sum())} tasks could be scored ({min_tasks} needed)"
-                                + "".join(f": {w} ({k} tasks)" for w, k in Counter(w for w in why if w).most_common(1))}
+                "why_unusable": f"only {int(ok.sum())} tasks could be scored ({min_tasks} needed){reason}"}
     x = s[ok]
     fit = empirical_null(x)
     rng = np.random.default_rng(seed)
