@@ -155,7 +155,8 @@ SampleSection = _stage_section(SampleConfig, "SampleSection", types={
     "max_new_tokens": Positive, "batch_size": Positive, "threads": Positive, "max_model_len": Positive | None,
     "gpu_memory_utilization": Annotated[float, Field(gt=0, le=1)], "tensor_parallel_size": Positive,
     "concurrency": Positive, "max_retries": Annotated[int, Field(ge=0)], "timeout_s": PositiveFloat,
-    "backoff_s": Annotated[float, Field(ge=0)]})
+    "backoff_s": Annotated[float, Field(ge=0)], "row_retries": Annotated[int, Field(ge=0)],
+    "row_retry_wait_s": Annotated[float, Field(ge=0)]})
 
 
 class ExecuteConfig(Section):
@@ -365,6 +366,10 @@ class RayConfig(Section):
 # key stays out of the hash, so the runs made before it (and the stages other runs adopt from
 # them) keep their keys; another value is another run.
 ADDED_LATER = {("benchmark", "fold_balance"): "none"}
+# How often a collection tries a failed row again: a retried row is sampled with its own seed, as
+# the first attempt was, so what a row holds does not depend on these, only whether it is lost. A
+# resumed run with another value is the same run.
+UNHASHED_SAMPLE = ("row_retries", "row_retry_wait_s")
 
 
 class SimulateConfig(Section):
@@ -408,6 +413,8 @@ class SimulateConfig(Section):
     def hashed(self) -> dict:
         """What a run's outputs depend on: everything but where and how fast it runs."""
         out = self.model_dump(exclude={"output_dir", "ray", "reuse_stages"})
+        for key in UNHASHED_SAMPLE:
+            out["sample"].pop(key, None)
         if out["detect"]["detectors"] == "all":
             from leakray.detect import registry
 

@@ -323,3 +323,74 @@ def test_embedding_a_batch_with_a_failed_row_keeps_the_others():
     assert out[C.ADV_EMBEDDING][1] is None and len(out[C.GEN_EMBEDDING]) == 2
     first = out[C.ADV_EMBEDDING][0]
     assert len(first) == 4 and first[0] > 0 and first[2:] == [0.0, 0.0]  # a missing variant embeds as zeros
+
+
+@pytest.mark.parametrize("notes,retry", [
+    (["endpoint_failed:http_429"], True), (["endpoint_failed:http_503"], True), (["endpoint_failed:timeout"], True),
+    (["endpoint_failed:connection", "ref_mu_sigma_unavailable"], True), (["endpoint_failed:malformed_json"], True),
+    (["failed:sample_error:ProbeFailed:http_429"], True), (["failed:sandbox_harness:OSError"], True),
+    (["endpoint_failed:http_400"], False), (["endpoint_failed:http_401"], False),
+    (["failed:sample_error:ProbeFailed:http_404"], False), (["failed:sample_error:ValueError"], False),
+    (["failed:sample_error:ProbeFailed"], False), (["failed:sampler_returned_wrong_k"], False),
+    (["endpoint_failed:http_429", "failed:sample_error:ValueError"], False), ([], False), (["prompt_truncated_left"], False)])
+def test_which_failed_rows_another_attempt_can_cure(notes, retry):
+    from leakray.stages.collect import row_retryable
+
+    assert row_retryable(notes) is retry
+
+
+def test_a_probe_failure_names_the_endpoints_reason_not_the_prompt():
+    from leakray.models.endpoint_sampler import ProbeFailed
+    from leakray.stages.collect import failure_note
+
+    assert failure_note(ProbeFailed("HumanEval/3#cut12", "http_429")) == "failed:sample_error:ProbeFailed:http_429"
+    assert failure_note(ValueError("def secret_prompt(): ...")) == "failed:sample_error:ValueError"
+
+
+def test_a_row_that_failed_for_a_cure_able_reason_is_collected_again(tiny_lm, tmp_path):
+    """Through the endpoint backend, its own retries off: one task's first sampling request gets a
+    429 (its row fails), another task is refused (400) every time. The pass over failed rows
+    collects the first again, where it goes through with the very output an undisturbed run
+    gives (its seed is the task's); the refused one is not asked again and stays in the errors file."""
+    import pyarrow.parquet as pq
+
+    from leakray.data.tasks import generation_prompt
+    from leakray.models.endpoint_server import CompletionServer, HFBackend
+
+    tasks = [t for i, t in enumerate(_tasks(4)) if i != 1]  # HumanEval/1 is longer than the tiny model's context
+    flaky, refused = (generation_prompt(t[T.PROMPT]) for t in tasks[1:])
+    seen: dict[str, int] = {}
+
+    def fault(body, _count):
+        if body.get("echo"):  # reference scoring: served
+            return None
+        seen[body["prompt"]] = seen.get(body["prompt"], 0) + 1
+        return "400" if body["prompt"] == refused else "429" if body["prompt"] == flaky and seen[flaky] == 1 else None
+
+    def run(fault_hook, **kw):
+        with CompletionServer(HFBackend(str(tiny_lm[0])), fault=fault_hook) as srv:
+            sample = SampleConfig(backend="openai", endpoint_url=srv.url, k=2, max_new_tokens=16, batch_size=3,
+                                  max_retries=0, backoff_s=0.0, row_retry_wait_s=0.0, **kw)
+            retried = {}
+            out = collect(input_table(tasks, {}, set()), "tiny", CollectConfig(sample=sample, batch_size=3),
+                          engine="local", errors_path=tmp_path / "errors.parquet", retried=retried)
+        return out, retried
+
+    clean, _ = run(None)
+    out, retried = run(fault)
+    assert out.column(C.TASK_ID).to_pylist() == [tasks[0][T.TASK_ID], tasks[1][T.TASK_ID]]
+    assert retried == {"rows": 1, "recovered": 1}
+    assert seen == {generation_prompt(tasks[0][T.PROMPT]): 1, flaky: 2, refused: 1}
+    assert out.column(C.COMPLETIONS).to_pylist() == clean.column(C.COMPLETIONS).to_pylist()[:2]
+    assert pq.read_table(tmp_path / "errors.parquet").column(C.TASK_ID).to_pylist() == [tasks[2][T.TASK_ID]]
+    # the endpoint's request counters are its traffic, not rows' errors (reports list the errors)
+    from leakray.stages.collect import collection_stats
+
+    stats = collection_stats(out, 1.0, tmp_path / "errors.parquet")
+    assert stats["errors"] == {"endpoint_failed:http_400": 1} | {k: v for k, v in stats["errors"].items()
+                                                                if not k.startswith("endpoint_failed")}
+    assert not {"requests", "retries", "failed_rows"} & set(stats["errors"])
+    assert stats["endpoint_rows"]["requests"] == 2  # rows that sent requests (the kept ones)
+    seen.clear()  # switched off, the failed row stays failed
+    out, retried = run(fault, row_retries=0)
+    assert out.column(C.TASK_ID).to_pylist() == [tasks[0][T.TASK_ID]] and retried == {"rows": 0, "recovered": 0}

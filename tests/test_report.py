@@ -178,3 +178,12 @@ def test_a_run_shared_by_several_detectors_is_not_each_ones_cost():
     assert "| 17.319 |" in md and '"shared by n": one run fitted n detectors' in md
     only = render_markdown({**base, "detectors": {"advprompt": detectors["advprompt"]}})
     assert "shared by" not in only  # no shared run: no note
+
+
+def test_an_audit_report_names_the_rows_a_collection_tried_again():
+    from leakray.report.audit import row_retries_line
+
+    stages = {"collect_shadow": {"errors": {}}, "collect_target": {"row_retries": {"rows": 3, "recovered": 2}}}
+    assert row_retries_line(stages) == ["", "Rows collected again after a failure another attempt can cure "
+                                            "(`sample.row_retries`): collect_target 3, of which 2 went through"]
+    assert row_retries_line({"collect_target": {"row_retries": {"rows": 0, "recovered": 0}}}) == []

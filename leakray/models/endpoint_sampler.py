@@ -97,7 +97,12 @@ def failed_reason(sample: Samples) -> str | None:
 
 
 class ProbeFailed(RuntimeError):
-    """A probe's request was never answered usably (retries spent, or refused)."""
+    """A probe's request was never answered usably (retries spent, or refused); ``reason`` as in
+    `failed_reason` (`http_429`, `timeout`, `http_400`...), which says whether another try can help."""
+
+    def __init__(self, key: str, reason: str):
+        super().__init__(f"{key}: {reason}")
+        self.reason = reason
 
 
 class _Malformed(ValueError):
@@ -204,7 +209,7 @@ class EndpointSampler:
                         list(zip(prompts, languages, keys)))
         for s, key in zip(got, keys):
             if failed_reason(s) is not None:
-                raise ProbeFailed(f"{key}: {failed_reason(s)}")
+                raise ProbeFailed(key, failed_reason(s))
         return [s.completions[0] for s in got]
 
     def next_token_draws(self, texts: list[str], keys: list[str], n: int) -> list[list[str]]:
@@ -219,9 +224,9 @@ class EndpointSampler:
         try:
             choices = self._post(payload, lambda body: _choices(body, n), key)
         except _Refused as exc:
-            raise ProbeFailed(f"{key}: http_{exc.status}") from None
+            raise ProbeFailed(key, f"http_{exc.status}") from None
         except _RowFailed as exc:
-            raise ProbeFailed(f"{key}: {exc.reason}") from None
+            raise ProbeFailed(key, exc.reason) from None
         return [c["text"] for c in choices]
 
     def reference_loss(self, prompts: list[str], references: list[str]) -> list[float]:

@@ -56,6 +56,11 @@ class SampleConfig:
     timeout_s: float = 120.0  # per request (connect, and each read)
     max_retries: int = 5  # retries after the first try (429/408/409/5xx, timeouts, connection, malformed)
     backoff_s: float = 1.0  # first retry waits ~this, doubling, half jittered; Retry-After wins
+    # a collection's rows that failed for a reason another attempt can cure (`stages.collect.row_retryable`:
+    # an endpoint's rate limit, 5xx, timeout or dropped connection outlasting max_retries) are sampled
+    # again, this many more passes, each after the whole collection and a pause of row_retry_wait_s
+    row_retries: int = 1
+    row_retry_wait_s: float = 30.0
 
 
 @dataclass

@@ -3,32 +3,64 @@ per task (retries deduplicated, failed rows to ``errors.parquet``) and the stage
 
 from __future__ import annotations
 
+import logging
 import time
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from leakray.executor.batches import run_steps
 from leakray.schema import C
-from leakray.stages.collect import CollectConfig, collect_steps, collection_stats, finalize, write_collection
+from leakray.stages.collect import (CollectConfig, collect_steps, collection_stats, finalize, retryable_rows,
+                                    write_collection)
+
+LOG = logging.getLogger(__name__)
 
 
 def collect(table: pa.Table, model_path: str, cfg: CollectConfig, *, engine: str = "ray",
-            out_dir: Path | None = None, errors_path: Path | None = None) -> pa.Table:
+            out_dir: Path | None = None, errors_path: Path | None = None, retried: dict | None = None) -> pa.Table:
     """The collection of ``table`` (``engine``: "ray" streams the steps as Ray Data operators and
-    writes part files under ``out_dir``; "local" runs them in this process)."""
-    raw = run_steps(table, collect_steps(model_path, cfg), batch_size=cfg.batch_size, engine=engine,
-                    out_dir=out_dir)
-    return finalize(raw, errors_path)
+    writes part files under ``out_dir``; "local" runs them in this process).
+
+    A row that failed for a reason another attempt can cure (`row_retryable`: a rate limit or an
+    outage that outlasted the endpoint sampler's own retries) is collected again after the whole
+    table, up to ``sample.row_retries`` more passes, each after a pause of ``sample.row_retry_wait_s``;
+    the attempt that went through is kept (`finalize`). ``retried``: filled with what the passes did
+    (``rows``: rows collected again, ``recovered``: those that went through)."""
+    steps = collect_steps(model_path, cfg)
+    raw = run_steps(table, steps, batch_size=cfg.batch_size, engine=engine, out_dir=out_dir)
+    again, tried = retryable_rows(raw), set()
+    for attempt in range(1, cfg.sample.row_retries + 1):
+        if not again:
+            break
+        reasons = Counter(n for notes in again.values() for n in notes if "failed:" in n)
+        LOG.warning("%d rows failed for a reason another attempt can cure (%s); collecting them again in %.0f s "
+                    "(pass %d of at most %d)", len(again), ", ".join(f"{r} x{c}" for r, c in reasons.most_common(3)),
+                    cfg.sample.row_retry_wait_s, attempt, cfg.sample.row_retries)
+        time.sleep(cfg.sample.row_retry_wait_s)
+        todo = table.filter(pc.is_in(table.column(C.TASK_ID), pa.array(sorted(again), pa.string())))
+        more = run_steps(todo, steps, batch_size=cfg.batch_size, engine=engine,
+                         out_dir=None if out_dir is None else out_dir / f"retry-{attempt}")
+        raw = pa.concat_tables([raw, more], promote_options="default")
+        tried |= set(again)
+        again = retryable_rows(raw)
+    out = finalize(raw, errors_path)
+    if retried is not None:
+        retried.update(rows=len(tried), recovered=len(tried & set(out.column(C.TASK_ID).to_pylist())))
+    return out
 
 
 def collect_to(table: pa.Table, model_path: str, cfg: CollectConfig, out_dir: Path, engine: str = "ray") -> dict:
     """Collect ``table`` into ``out_dir/collection.parquet`` (failed rows to ``errors.parquet``);
-    returns the stage's stats."""
+    returns the stage's stats (``row_retries``: what the passes over failed rows did)."""
     t0 = time.perf_counter()
-    errors = out_dir / "errors.parquet"
-    coll = collect(table, model_path, cfg, engine=engine, out_dir=out_dir, errors_path=errors)
+    errors, retried = out_dir / "errors.parquet", {}
+    coll = collect(table, model_path, cfg, engine=engine, out_dir=out_dir, errors_path=errors, retried=retried)
     stats = collection_stats(coll, time.perf_counter() - t0, errors)
+    if retried.get("rows"):
+        stats["row_retries"] = retried
     write_collection(coll, out_dir / "collection.parquet", stats)
     return {"rows_in": table.num_rows, **stats}
 

@@ -103,6 +103,8 @@ def stage_stats(stages: dict) -> dict:
     markers (None if absent: a marker written before machine_cpu was recorded, or not on Linux)."""
     return {name: {**{k: info.get(k) for k in STAGE_KEYS},
                    "machine_busy": (info.get("machine_cpu") or {}).get("busy_share"),
+                   # a collection's rows tried again after a failure another attempt can cure, where any
+                   **({"row_retries": info["row_retries"]} if info.get("row_retries") else {}),
                    # adopted from another run made from the same inputs (runs.adopt): its numbers are that run's
                    **({"reused_from": info["reused_from"]} if info.get("reused_from") else {})}
             for name, info in stages.items()}

@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -169,7 +170,7 @@ class SampleStage:
                 LOG.warning("sampling %s failed: %s", keys[i], type(exc).__name__, exc_info=True)
                 k = self.sampler.cfg.k
                 rows.append({C.COMPLETIONS: [""] * k, C.PERPLEXITY: [float("nan")] * k, C.N_TOKENS: [0] * k,
-                             C.REF_LOSS: float("nan"), C.NOTES: [f"failed:sample_error:{type(exc).__name__}"]})
+                             C.REF_LOSS: float("nan"), C.NOTES: [failure_note(exc)]})
             for part, s in self._spent.items():
                 spent[part].append(s)
         load, self._load_s = getattr(self, "_load_s", 0.0), 0.0
@@ -447,6 +448,28 @@ def row_failed(notes) -> bool:
     return any("failed:" in n for n in notes or [])
 
 
+def failure_note(exc: Exception) -> str:
+    """The note on a row whose sampling raised: the exception's type, never its message (it may
+    quote the prompt), and for a probe the endpoint's reason (`ProbeFailed.reason`: http_429,
+    timeout, ...), which says whether trying the row again can help."""
+    reason = getattr(exc, "reason", None) if type(exc).__name__ == "ProbeFailed" else None
+    return f"failed:sample_error:{type(exc).__name__}" + (f":{reason}" if reason else "")
+
+
+# Failures another attempt can cure (the endpoint sampler's own retries are spent, the cause may
+# not be): a rate limit, a timeout, a dropped connection, a server error or a garbled answer, for a
+# row's sampling or for one of its probes; a sandbox harness that broke. Not a refusal (another 4xx:
+# the same request is refused again) nor a crash on the row's own input: the same row fails the same way.
+_TRANSIENT = re.compile(r"(?:endpoint_failed:|sample_error:ProbeFailed:)"
+                        r"(?:http_(?:408|409|429|5\d\d)|timeout|connection|malformed_json)$|failed:sandbox_harness:")
+
+
+def row_retryable(notes) -> bool:
+    """A failed row whose every failure note is one another attempt can cure (`_TRANSIENT`)."""
+    failures = [n for n in notes or [] if "failed:" in n]
+    return bool(failures) and all(_TRANSIENT.search(n) for n in failures)
+
+
 class ExecuteStage:
     """Runs every completion (as `program_of` the prompt) against the task's tests in the sandbox."""
 
@@ -683,6 +706,18 @@ def finalize(table: pa.Table, errors_path: Path | None = None) -> pa.Table:
                     schema=schema)
 
 
+def retryable_rows(table: pa.Table) -> dict[str, list[str]]:
+    """The tasks of a collection's raw rows (every attempt, as `finalize` reads them) with no
+    attempt that went through and a last failure another attempt can cure (`row_retryable`):
+    task id -> that failure's notes."""
+    notes = table.column(C.NOTES).to_pylist() if C.NOTES in table.column_names else [[]] * table.num_rows
+    last: dict[str, list[str] | None] = {}
+    for task_id, n in zip(table.column(C.TASK_ID).to_pylist(), notes):
+        if last.get(task_id, ()) is not None:  # None: an attempt of this task went through
+            last[task_id] = n if row_failed(n) else None
+    return {t: n for t, n in last.items() if n is not None and row_retryable(n)}
+
+
 def unfilled_columns(table: pa.Table) -> list[str]:
     """Collection columns with no value in any row (the backend could not fill them)."""
     return [name for name in table.column_names if table.num_rows and table.column(name).null_count == table.num_rows]
@@ -704,8 +739,12 @@ def collection_stats(table: pa.Table, seconds: float, errors_path: Path | None =
 
     probe_s = [row for row in table.column(C.PROBE_SECONDS).to_pylist() if row] \
         if C.PROBE_SECONDS in table.column_names else []
+    traffic = {k: notes.pop(k) for k in list(notes) if is_traffic(k)}
     return {
         **part_stats(table, sum(n_tokens), sum(statuses.values())),
+        # rows that sent an endpoint requests, needed retries (by reason): what it cost to reach it, not
+        # what is wrong with a row (a count of rows, each reason once per row, as for errors)
+        **({"endpoint_rows": traffic} if traffic else {}),
         # each probe's wall time over the collection (what it adds to the sampling pass)
         # (a collection made before the next-token probe has three entries per row, before the question
         # probe four)
@@ -719,6 +758,15 @@ def collection_stats(table: pa.Table, seconds: float, errors_path: Path | None =
         "exec_status": dict(statuses), "mean_generated_tokens": round(sum(n_tokens) / max(1, len(n_tokens)), 1),
         "seconds": round(seconds, 1), "seconds_per_task": round(seconds / max(1, table.num_rows), 3),
     }
+
+
+# The endpoint sampler's request counters (`EndpointSampler.stats`) that reach a row's notes with
+# its other counters: its traffic, not a degradation (`collection_stats` keeps them apart).
+TRAFFIC = ("requests", "retries", "failed_rows")
+
+
+def is_traffic(note: str) -> bool:
+    return note in TRAFFIC or note.startswith("retry_")
 
 
 def part_stats(table: pa.Table, generated_tokens: int, programs: int) -> dict:
