@@ -394,3 +394,25 @@ def test_a_row_that_failed_for_a_cure_able_reason_is_collected_again(tiny_lm, tm
     seen.clear()  # switched off, the failed row stays failed
     out, retried = run(fault, row_retries=0)
     assert out.column(C.TASK_ID).to_pylist() == [tasks[0][T.TASK_ID]] and retried == {"rows": 0, "recovered": 0}
+
+
+def test_a_reference_the_endpoint_will_not_score_keeps_its_row(tiny_lm, tmp_path):
+    """HumanEval/1's prompt and solution are longer than the tiny model's context: the server
+    refuses to score them (400, as vLLM refuses), while its samples come back. The row stays in
+    the collection with no reference loss and says why, as the HF sampler's rows stay where it
+    must cut the context; before, the refusal failed the whole row."""
+    import math
+
+    from leakray.models.endpoint_server import CompletionServer, HFBackend
+
+    tasks = _tasks(2)
+    with CompletionServer(HFBackend(str(tiny_lm[0]))) as srv:
+        sample = SampleConfig(backend="openai", endpoint_url=srv.url, k=2, max_new_tokens=16, batch_size=2,
+                              max_retries=0, row_retry_wait_s=0.0)
+        out = collect(input_table(tasks, {}, set()), "tiny", CollectConfig(sample=sample, batch_size=2),
+                      engine="local", errors_path=tmp_path / "errors.parquet")
+    rows = {r[C.TASK_ID]: r for r in out.to_pylist()}
+    assert sorted(rows) == ["HumanEval/0", "HumanEval/1"]
+    long = rows["HumanEval/1"]
+    assert math.isnan(long[C.REF_LOSS]) and "ref_loss_unscorable:http_400" in long[C.NOTES]
+    assert len(long[C.COMPLETIONS]) == 2 and not math.isnan(rows["HumanEval/0"][C.REF_LOSS])

@@ -23,7 +23,9 @@ sampler's exactly; without it, comment lines just before a stop stay in the comp
 `reference_scores` asks for the echoed program's log-probs (`echo`, `max_tokens=0`, or 1
 where a server refuses 0) and scores the tokens not wholly inside the generation prompt;
 NaN with a note in `loss_notes` where the target scores no given text (asked once: after a
-refusal the other rows are not sent). An echo gives only
+refusal the other rows are not sent) or refuses this one (`ref_loss_unscorable:http_400`, e.g.
+longer than its context: the row keeps its samples); retries spent on it fail the row, as a
+sampling request's do. An echo gives only
 the scored tokens' own log-probs: Min-K%++'s mu/sigma and the rank are None with notes
 (`reference_loss` is the scores' loss).
 
@@ -58,6 +60,7 @@ log = logging.getLogger(__name__)
 FAILED = "endpoint_failed:"  # prefix of the note on a row the endpoint never answered usably
 NO_LOGPROBS = "endpoint_no_logprobs"
 REF_LOSS_UNSUPPORTED = "ref_loss_unsupported"  # the target scores no given text (echo + logprobs)
+REF_LOSS_REFUSED = "ref_loss_unscorable:"  # + the status: the target would not score this text
 _MAX_STOPS = 4  # OpenAI's limit; stops only save tokens, the cut is `cut_point`'s
 _MAX_WAIT_S = 300.0  # a Retry-After beyond this is capped (a sweep must move on)
 _RETRY_STATUS = {408, 409, 429}
@@ -326,8 +329,10 @@ class EndpointSampler:
             if "logprob" in message or "echo" in message:
                 self._echo = False
                 return None, [REF_LOSS_UNSUPPORTED]
-            return None, [f"ref_loss_{FAILED}http_{exc.status}"]  # e.g. longer than the context
-        except _RowFailed as exc:
+            # refused for this text (longer than the context, as vLLM refuses it): the row keeps its
+            # samples with no loss, as the HF sampler's rows keep theirs where it must cut the context
+            return None, [f"{REF_LOSS_REFUSED}http_{exc.status}"]
+        except _RowFailed as exc:  # retries spent: the row fails, and the collection may try it again
             return None, [f"ref_loss_{FAILED}{exc.reason}"]
         if lps is None:
             return None, [REF_LOSS_UNSUPPORTED]
