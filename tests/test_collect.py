@@ -416,3 +416,19 @@ def test_a_reference_the_endpoint_will_not_score_keeps_its_row(tiny_lm, tmp_path
     long = rows["HumanEval/1"]
     assert math.isnan(long[C.REF_LOSS]) and "ref_loss_unscorable:http_400" in long[C.NOTES]
     assert len(long[C.COMPLETIONS]) == 2 and not math.isnan(rows["HumanEval/0"][C.REF_LOSS])
+
+
+def test_an_endpoint_that_answers_no_row_is_not_asked_again(tiny_lm, tmp_path):
+    """Every row fails with a 503 (an endpoint that is down): a systemic fault, reported at once
+    (`AllRowsFailed`), not after another pass over every row."""
+    from leakray.models.endpoint_server import CompletionServer, HFBackend
+    from leakray.stages.collect import AllRowsFailed
+
+    with CompletionServer(HFBackend(str(tiny_lm[0])), fault=lambda body, _: "503") as srv:
+        sample = SampleConfig(backend="openai", endpoint_url=srv.url, k=2, max_new_tokens=16, batch_size=2,
+                              max_retries=0, row_retry_wait_s=0.0)
+        with pytest.raises(AllRowsFailed, match="endpoint_failed:http_503"):
+            collect(input_table(_tasks(2), {}, set()), "tiny", CollectConfig(sample=sample, batch_size=2),
+                    engine="local", errors_path=tmp_path / "errors.parquet")
+        sampled = srv.count(lambda b: not b.get("echo"))
+    assert sampled == 2  # one request per task, none again

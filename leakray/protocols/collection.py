@@ -27,13 +27,15 @@ def collect(table: pa.Table, model_path: str, cfg: CollectConfig, *, engine: str
     A row that failed for a reason another attempt can cure (`row_retryable`: a rate limit or an
     outage that outlasted the endpoint sampler's own retries) is collected again after the whole
     table, up to ``sample.row_retries`` more passes, each after a pause of ``sample.row_retry_wait_s``;
-    the attempt that went through is kept (`finalize`). ``retried``: filled with what the passes did
-    (``rows``: rows collected again, ``recovered``: those that went through)."""
+    the attempt that went through is kept (`finalize`). Not when no row went through: that is a
+    systemic fault (an endpoint that is down, a wrong URL), which `finalize` reports at once.
+    ``retried``: filled with what the passes did (``rows``: rows collected again, ``recovered``:
+    those that went through)."""
     steps = collect_steps(model_path, cfg)
     raw = run_steps(table, steps, batch_size=cfg.batch_size, engine=engine, out_dir=out_dir)
     again, tried = retryable_rows(raw), set()
     for attempt in range(1, cfg.sample.row_retries + 1):
-        if not again:
+        if not again or len(again) == len(set(table.column(C.TASK_ID).to_pylist())):
             break
         reasons = Counter(n for notes in again.values() for n in notes if "failed:" in n)
         LOG.warning("%d rows failed for a reason another attempt can cure (%s); collecting them again in %.0f s "
