@@ -496,6 +496,10 @@ class AuditConfig(SimulateConfig):
             raise ValueError("leak.dose=0 is the dose sweep's control (no member inserted): a card's shadow "
                              "with it has no member to learn from; give leak.dose >= 1")
         t = self.audit.target
+        if t == "planted" and self.sample.backend == "openai":  # the planted target is made here, not served
+            raise ValueError("sample.backend=openai samples a served model: audit it by name, --target MODEL_NAME "
+                             "(the planted target, the default, and a card's shadow are local models built here: "
+                             "for them drop sample.backend)")
         if t != "planted" and self.sample.backend != "openai":
             if t.startswith(("http://", "https://")):  # an endpoint given where a model goes
                 raise ValueError(f"{t!r} is an address: a served model is audited through its OpenAI-compatible "

@@ -126,3 +126,36 @@ def test_a_card_made_with_other_advprompt_kinds_is_named_a_mismatch():
     assert "collection settings differ" in line and "advprompt_kinds" in line
     (line,) = card_mismatches(card(fewer), every, [])
     assert "advprompt_kinds" in line
+
+
+def test_an_endpoint_audit_samples_the_shadow_here_and_the_target_there(tmp_path, monkeypatch):
+    """`sample.backend=openai` serves the model under audit; the shadow is a model the audit made,
+    so its collection samples it with the HF backend (before, it went to the endpoint under its
+    local path as the model's name: refused there, or, with `sample.endpoint_model` set, the
+    served target's samples collected as the shadow's). Both with the same sampling settings."""
+    from types import SimpleNamespace
+
+    from leakray.config import AuditConfig, load_config
+    from leakray.data.humaneval import read_humaneval
+    from leakray.protocols import collection
+    from leakray.protocols.audit import audit_stages
+
+    cfg = load_config([], ["sample.backend=openai", "sample.endpoint_url=http://host:8000/v1", "audit.target=served",
+                           "columns.advprompt=false", "columns.reference_model=null", "sample.k=3"], AuditConfig)
+    seen = {}
+    monkeypatch.setattr(collection, "collect_to", lambda table, path, ccfg, out: seen.setdefault(out.name, (path, ccfg.sample))
+                        and {})
+    runner = SimpleNamespace(info={"base": {"path": "/b"}, "shadow": {"model": str(tmp_path / "shadow")}},
+                             dir=lambda name: tmp_path / name, run_dir=tmp_path)
+    tasks = read_humaneval()[:4]
+    (runner.dir("split")).mkdir()
+    (runner.dir("split") / "split.json").write_text(json.dumps({"shadow_members": [tasks[0]["task_id"]],
+                                                               "planted_members": None}))
+    stages = {s.name: s for s in audit_stages(cfg, tasks, runner, "bwrap", None, False) if hasattr(s, "run")}
+    for name in ("collect_shadow", "collect_target"):
+        (tmp_path / name).mkdir()
+        stages[name].run(tmp_path / name)
+    (shadow_path, shadow), (target_path, target) = seen["collect_shadow"], seen["collect_target"]
+    assert shadow_path == str(tmp_path / "shadow") and shadow.backend == "hf"
+    assert target_path == "served" and target.backend == "openai" and target.endpoint_url == "http://host:8000/v1"
+    assert shadow.k == target.k == 3 and shadow.max_new_tokens == target.max_new_tokens

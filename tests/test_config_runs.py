@@ -117,6 +117,12 @@ def test_an_audit_target_without_a_tokenizer_is_refused_before_any_stage(tmp_pat
     assert len(err.splitlines()) == 1 and "sample.backend=openai" in err and \
         "sample.endpoint_url=http://host:8000/v1" in err, err
     assert not (tmp_path / "runs").exists()
+    # an endpoint without a served model's name: the planted target is built here, never served
+    assert main(["audit", "--set", "sample.backend=openai", "--set", "sample.endpoint_url=http://host:8000/v1",
+                 "--output", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--target MODEL_NAME" in err and "planted" in err, err
+    assert not (tmp_path / "runs").exists()
 
 
 def test_content_hash_ignores_key_order_and_sees_values():

@@ -97,7 +97,7 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
             return {"rows_in": len(texts), "rows_out": len(texts), "model": str(out / "model"), **stats}
         return run
 
-    def collect(model, members, reference: str):
+    def collect(model, members, reference: str, served: bool = False):
         def run(out: Path) -> dict:
             table = collection.with_variants(with_members(col.input_table(tasks, {}, set()), members()), cfg,
                                              runner.dir("perturb"))
@@ -105,6 +105,8 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
 
             base, path = runner.info["base"]["path"], model()
             ccfg = collect_config(cfg, base)
+            if not served:  # the shadow: a model this audit made
+                ccfg.sample = sampled_here(ccfg.sample)
             if cfg.columns.reference_model is not None:  # never the target's own pre-leak checkpoint by default
                 ccfg.extra.reference_model = model_path(cfg, reference)
             # the fine-tune stage (shadow, planted target) that made this model, if one did: vLLM
@@ -194,7 +196,7 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
         return stages
     if planted and not together:
         stages.append(target)
-    stages.append(StageSpec("collect_target", collect(target_model, planted_members, target_reference(cfg)),
+    stages.append(StageSpec("collect_target", collect(target_model, planted_members, target_reference(cfg), served=True),
                             lambda i: f"{i.get('rows_out')} tasks, {i.get('exec_status')}"))
     if a.rewrites:
         stages.append(StageSpec("rewrite_scores", rewrite_stage,
@@ -207,6 +209,15 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
     if a.corpus:
         stages.append(StageSpec("screen", screen_stage, lambda i: f"{i['rows_out']} samples with a near-duplicate"))
     return stages
+
+
+def sampled_here(sample):
+    """How a model this audit made (the shadow) is sampled: where the model under audit sits behind
+    an endpoint (`sample.backend=openai`), the endpoint serves that model only, so the shadow is
+    sampled here (the HF backend) with the same settings, as the reference models are."""
+    from dataclasses import replace
+
+    return replace(sample, backend="hf") if sample.backend == "openai" else sample
 
 
 def leak_kind(cfg: AuditConfig) -> str:
