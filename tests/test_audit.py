@@ -159,3 +159,22 @@ def test_an_endpoint_audit_samples_the_shadow_here_and_the_target_there(tmp_path
     assert shadow_path == str(tmp_path / "shadow") and shadow.backend == "hf"
     assert target_path == "served" and target.backend == "openai" and target.endpoint_url == "http://host:8000/v1"
     assert shadow.k == target.k == 3 and shadow.max_new_tokens == target.max_new_tokens
+
+
+def test_an_endpoint_that_does_not_answer_stops_the_audit_before_any_stage(tmp_path, capsys):
+    """A wrong URL (nothing listens there): one line and exit code 2 in seconds, before the shadow's
+    fine-tune and card, which would otherwise run for minutes before the target's collection found it."""
+    import socket
+
+    from leakray.cli import main
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "runs"
+    assert main(["audit", "--quick", "--target", "served", "--set", "sample.backend=openai",
+                 "--set", f"sample.endpoint_url=http://127.0.0.1:{port}/v1", "--set", "sample.max_retries=0",
+                 "--output", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"127.0.0.1:{port}" in err and "did not answer" in err, err
+    assert not list(out.glob("audit-*/*/_DONE.json"))  # no stage ran

@@ -333,3 +333,23 @@ def test_reference_loss_where_max_tokens_0_is_refused(backend):
         got = sampler.reference_loss(prompts, REFERENCES)
     assert [b["max_tokens"] for b in srv.requests] == [0, 1, 1, 1]  # learnt once
     assert got == pytest.approx(want, abs=1e-6) and sampler.loss_notes == [[], [], []]
+
+
+@pytest.mark.parametrize("fault,words", [
+    ("401", ["http_401", "$LEAKRAY_TEST_NO_KEY"]), ("404:no such model", ["http_404 no such model", "model name"]),
+    ("500", ["did not answer", "http_500", "after 2 retries"]), ("drop", ["did not answer", "connection"])])
+def test_the_endpoint_check_says_what_the_endpoint_answered(backend, fault, words):
+    from leakray.errors import BadInput
+
+    with CompletionServer(backend, fault=lambda body, _: fault) as srv:
+        with pytest.raises(BadInput) as err:
+            EndpointSampler("tiny", _cfg(srv.url, max_retries=2)).check()
+    assert all(w in str(err.value) for w in words), str(err.value)
+    assert srv.url in str(err.value) and "'tiny'" in str(err.value)
+
+
+def test_the_endpoint_check_passes_a_served_model_after_a_retry(backend):
+    script = iter(["429"])
+    with CompletionServer(backend, fault=lambda body, _: next(script, None)) as srv:
+        EndpointSampler("tiny", _cfg(srv.url)).check()
+        assert len(srv.requests) == 2

@@ -190,6 +190,26 @@ class EndpointSampler:
     def __repr__(self) -> str:
         return f"EndpointSampler(model={self.model!r}, url={self.settings.completions_url!r})"
 
+    def check(self) -> None:
+        """One tiny request (a token of a one-line prompt) with the sampler's retries: `BadInput`,
+        saying what the endpoint answered, where it refuses it or never answers. An audit asks it
+        before any stage, so a wrong URL, model name or key fails in seconds, not at the target's
+        collection after the card is built."""
+        from leakray.errors import BadInput
+
+        payload = {"model": self.model, "prompt": "def f():\n", "max_tokens": 1, "temperature": 0.0}
+        where = f"the endpoint {self.settings.completions_url} (model {self.model!r})"
+        try:
+            self._post(payload, lambda body: _choices(body, 1), "check")
+        except _Refused as exc:
+            hint = (f"; is the key in ${self.settings.api_key_env} right?" if exc.status in (401, 403)
+                    else "; is the model name right (--target, sample.endpoint_model)?" if exc.status == 404 else "")
+            raise BadInput(f"{where} refused a one-token request: http_{exc.status} {exc.message}".rstrip() + hint,
+                           field="sample.endpoint_url") from None
+        except _RowFailed as exc:
+            raise BadInput(f"{where} did not answer a one-token request ({exc.reason}, after "
+                           f"{self.settings.max_retries} retries)", field="sample.endpoint_url") from None
+
     # -- the protocol -----------------------------------------------------------------------
 
     def sample(self, prompts: list[str], languages: list[str], keys: list[str], *,

@@ -25,7 +25,7 @@ from leakray.errors import BadInput
 from leakray.protocols.simulate import (base_model, collect_config, load_tasks, model_path, preflight_isolation,
                                         training_text)
 from leakray.protocols.stage_keys import audit_keys, with_keys
-from leakray.runs import (StageRunner, StageSpec, Together, content_hash, machine_cpu, machine_use,
+from leakray.runs import (MARKER, StageRunner, StageSpec, Together, content_hash, machine_cpu, machine_use,
                           write_json_atomic)
 from leakray.storage import is_uri, local_copy
 from leakray.schema import C, K, R, T
@@ -211,6 +211,15 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
     return stages
 
 
+def check_endpoint(cfg: AuditConfig, console: Console) -> None:
+    """The served model answers one tiny request (`EndpointSampler.check`), or the audit stops here."""
+    from leakray.models.endpoint_sampler import EndpointSampler
+
+    sampler = EndpointSampler(cfg.audit.target, to_stage(cfg.sample))
+    sampler.check()
+    console.say(f"endpoint {sampler.settings.completions_url} answers for model {sampler.model!r}")
+
+
 def sampled_here(sample):
     """How a model this audit made (the shadow) is sampled: where the model under audit sits behind
     an endpoint (`sample.backend=openai`), the endpoint serves that model only, so the shadow is
@@ -329,6 +338,8 @@ def run_audit(cfg: AuditConfig, console: Console | None = None, card_only: bool 
         console.say(f"reusing detector card {card.id} ({card_dir}): no shadow fine-tuning")
         for line in card_mismatches(card, cfg, tasks):
             console.warn(line)
+    if cfg.sample.backend == "openai" and not card_only and not (run_dir / "collect_target" / MARKER).exists():
+        check_endpoint(cfg, console)  # a wrong URL, model name or key: refused now, not after the card
     runner = stage_runner(cfg, store, console)
     keys = audit_keys(cfg, tasks_digest, card_id, control_digest)
     runner.run(with_keys(audit_stages(cfg, tasks, runner, isolation, card_dir, card_only), keys))
