@@ -494,3 +494,24 @@ def test_how_often_a_failed_row_is_tried_again_is_not_part_of_the_run():
     assert load_config([DEFAULT], ["sample.max_new_tokens=7"], SimulateConfig).hashed() != base
     with pytest.raises(BadInput, match="row_retries"):
         load_config([DEFAULT], ["sample.row_retries=-1"], SimulateConfig)
+
+
+def test_an_endpoint_audit_shares_the_shadow_side_of_a_local_one():
+    """Behind an endpoint the shadow is sampled here (HF backend), so the endpoint's settings are the
+    target's alone: audits of two endpoints, or of an endpoint and a local model, adopt one shadow,
+    its collection and its card; what reads the target is keyed by its endpoint."""
+    from leakray.config import AUDIT_DEFAULTS, AuditConfig, load_config
+    from leakray.protocols.stage_keys import audit_keys
+
+    def keys(*settings):
+        return audit_keys(load_config([AUDIT_DEFAULTS], list(settings), AuditConfig), "d")
+
+    local = keys(f"audit.target={FIXTURES / 'model_dir_stand_in'}")
+    served = [keys("audit.target=served", "sample.backend=openai", f"sample.endpoint_url=http://{host}:8000/v1",
+                   f"sample.max_retries={retries}") for host, retries in (("a", 5), ("b", 9))]
+    shadow = ("base", "shadow", "perturb", "collect_shadow", "card")
+    assert all(local[n] == served[0][n] == served[1][n] for n in shadow)
+    assert len({local["collect_target"], served[0]["collect_target"], served[1]["collect_target"]}) == 3
+    # a sampling setting both sides read still keys both
+    assert keys("audit.target=served", "sample.backend=openai", "sample.endpoint_url=http://a:8000/v1",
+                "sample.k=3")["collect_shadow"] != served[0]["collect_shadow"]

@@ -14,7 +14,8 @@ errs towards running a stage again, never towards adopting one made from other i
 - the audit's card also reads `detect`; the detect stage and reports read everything and are
   never adopted;
 - the audit's shadow side (base, perturb, shadow, its collection, the card) reads nothing of the
-  model under audit (`TARGET_ONLY`): audits of two targets share one shadow and card;
+  model under audit (`TARGET_ONLY`, and behind an endpoint none of the endpoint's settings:
+  `shadow_side`): audits of two targets, local or served, share one shadow and card;
 - an audit's report settings (`REPORT_ONLY`) reach no stage; the settings that add a stage
   (`ADDS_A_STAGE`: a corpus, control tasks, rewrites) reach only the stage they add.
 """
@@ -34,6 +35,23 @@ ADDS_A_STAGE = ("audit.corpus", "audit.control", "audit.rewrites", "audit.rewrit
 # the model under audit (or the planted one): read by the split, the target's fine-tune and what
 # scores the target, never by the shadow's side, so audits of two targets share one shadow and card
 TARGET_ONLY = ("audit.target", "audit.member_fraction", "audit.member_seed", "audit.planted_base", "target")
+
+
+# what only an endpoint reads (`sample.backend=openai`): the model under audit's settings alone, since
+# the audit samples its shadow here (`protocols.audit.sampled_here`)
+ENDPOINT_ONLY = ("endpoint_url", "endpoint_model", "api_key_env", "concurrency", "timeout_s", "max_retries",
+                 "backoff_s")
+
+
+def shadow_side(cfg):
+    """``cfg`` as the audit's shadow side reads it: behind an endpoint, sampled with the HF backend
+    and none of the endpoint's settings, so audits of two endpoints, or of an endpoint and a local
+    model, share one shadow, its collection and its card."""
+    if cfg.sample.backend != "openai":
+        return cfg
+    fields = type(cfg.sample).model_fields
+    local = cfg.sample.model_copy(update={"backend": "hf", **{f: fields[f].default for f in ENDPOINT_ONLY}})
+    return cfg.model_copy(update={"sample": local})
 
 
 def collection_needs(cfg) -> dict:
@@ -85,13 +103,14 @@ def audit_keys(cfg, digest: str, card_id: str | None = None, control_digest: str
     shadow_models = stage_key("audit:models", cfg, digest, drop=(*quiet, "detect", *COLLECTING, *TARGET_ONLY),
                               card=card_id)
     collections = stage_key("audit:collections", cfg, digest, drop=(*quiet, "detect"), needs=needs, card=card_id)
-    shadow_collections = stage_key("audit:collections", cfg, digest, drop=(*quiet, "detect", *TARGET_ONLY),
+    shadow_collections = stage_key("audit:collections", shadow_side(cfg), digest, drop=(*quiet, "detect", *TARGET_ONLY),
                                    needs=needs, card=card_id)
     from leakray.detect.card import VERSION
 
     # a card made by a leakray whose cards have another format (its detectors' scores on another
     # scale) is made again, not adopted and then refused
-    card = stage_key("audit:card", cfg, digest, drop=(*quiet, *TARGET_ONLY), needs=needs, card_version=VERSION)
+    card = stage_key("audit:card", shadow_side(cfg), digest, drop=(*quiet, *TARGET_ONLY), needs=needs,
+                     card_version=VERSION)
 
     def own(*keys: str) -> str:  # a stage that one of ADDS_A_STAGE adds: a collection's key plus those settings
         return stage_key("audit:collections", cfg, digest, drop=[q for q in (*quiet, "detect") if q not in keys],
