@@ -515,3 +515,16 @@ def test_an_endpoint_audit_shares_the_shadow_side_of_a_local_one():
     # a sampling setting both sides read still keys both
     assert keys("audit.target=served", "sample.backend=openai", "sample.endpoint_url=http://a:8000/v1",
                 "sample.k=3")["collect_shadow"] != served[0]["collect_shadow"]
+
+
+def test_a_cards_name_does_not_read_how_often_a_failed_row_is_tried_again():
+    """`card build` names its directory by what the card is made of; the row-retry settings are
+    outside it, as outside every hash (with them the default card kept the name 0b3caf3 gave it,
+    checked once against that commit's code)."""
+    from leakray.config import AUDIT_DEFAULTS, AuditConfig, load_config
+    from leakray.protocols.audit import card_run_name
+
+    name = card_run_name(load_config([AUDIT_DEFAULTS], [], AuditConfig), "d")
+    assert card_run_name(load_config([AUDIT_DEFAULTS], ["sample.row_retries=4", "sample.row_retry_wait_s=1"],
+                                     AuditConfig), "d") == name
+    assert card_run_name(load_config([AUDIT_DEFAULTS], ["sample.k=3"], AuditConfig), "d") != name

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from leakray.config import ADVPROMPT_KINDS, LOCAL_MODELS, AuditConfig, to_stage
+from leakray.config import ADVPROMPT_KINDS, LOCAL_MODELS, UNHASHED_SAMPLE, AuditConfig, to_stage
 from leakray.console import Console
 from leakray.data.registry import benchmark_path
 from leakray.detect.card import DetectorCard
@@ -211,6 +211,18 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
     return stages
 
 
+def card_run_name(cfg: AuditConfig, digest: str) -> str:
+    """`card build`'s run directory: a card depends on the shadow's side only, so the same card serves any target."""
+    hashed = cfg.model_dump(include={"benchmark", "model", "shadow", "sample", "columns", "embed", "detect"})
+    for key in UNHASHED_SAMPLE:  # how often a failed row is tried again: not what the card is made of
+        hashed["sample"].pop(key, None)
+    hashed["audit"] = cfg.audit.model_dump(include={"shadow_seed", "validation_share", "calibration", "fpr",
+                                                    "reference_model"})
+    if cfg.leak.mode != "finetune":  # (fine-tune cards keep the names they had before leak kinds)
+        hashed["leak"] = cfg.leak.model_dump()
+    return f"card-{cfg.benchmark.name}-{content_hash(hashed, digest)}"
+
+
 def check_endpoint(cfg: AuditConfig, console: Console) -> None:
     """The served model answers one tiny request (`EndpointSampler.check`), or the audit stops here."""
     from leakray.models.endpoint_sampler import EndpointSampler
@@ -323,12 +335,7 @@ def run_audit(cfg: AuditConfig, console: Console | None = None, card_only: bool 
     if card_only:  # a card depends on the shadow's side only: the same card serves any target
         if card_dir:
             raise BadInput("card build makes a card; it cannot reuse one", field="audit.card")
-        hashed = cfg.model_dump(include={"benchmark", "model", "shadow", "sample", "columns", "embed", "detect"})
-        hashed["audit"] = cfg.audit.model_dump(include={"shadow_seed", "validation_share", "calibration", "fpr",
-                                                        "reference_model"})
-        if cfg.leak.mode != "finetune":  # (fine-tune cards keep the names they had before leak kinds)
-            hashed["leak"] = cfg.leak.model_dump()
-        name = f"card-{cfg.benchmark.name}-{content_hash(hashed, digest)}"
+        name = card_run_name(cfg, digest)
     else:
         name = f"audit-{cfg.benchmark.name}-{content_hash(cfg.hashed(), digest, card_id)}"
     store = open_run(cfg, name, len(tasks), console, label="audit directory")
