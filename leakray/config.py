@@ -18,7 +18,7 @@ import importlib.util
 import os
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator,
@@ -375,6 +375,8 @@ UNHASHED_SAMPLE = ("row_retries", "row_retry_wait_s")
 class SimulateConfig(Section):
     """The simulated-leakage protocol (CGMIA paper, RQ1)."""
 
+    serves_a_target: ClassVar[bool] = False  # an audit's model under audit may sit behind an endpoint
+
     benchmark: BenchmarkConfig = Field(default_factory=BenchmarkConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     leak: LeakConfig = Field(default_factory=LeakConfig)
@@ -402,6 +404,12 @@ class SimulateConfig(Section):
             raise ValueError("sample.lora_adapter is served by the vllm backend only (hf runs load merged models)")
         if self.sample.backend == "openai" and not self.sample.endpoint_url:
             raise ValueError("sample.backend=openai needs sample.endpoint_url (e.g. http://host:8000/v1)")
+        if self.sample.backend == "openai" and not self.serves_a_target:
+            # simulate's target and shadow are models it builds here: an endpoint would be sent their
+            # local paths as model names, or with sample.endpoint_model serve one model for both
+            raise ValueError("sample.backend=openai samples a served model, which only an audit reads "
+                             "(leakray audit --target MODEL_NAME --set sample.backend=openai ...); simulate "
+                             "builds its target and shadow here: drop sample.backend")
         lora = [s for s in ("target", "shadow") if getattr(self, s).method == "lora"]
         tiny = {"tiny", "tiny-alt"} & {self.model.base, self.model.shadow_base}
         if self.sample.backend == "vllm" and lora and tiny and not self.sample.merge_adapters:
@@ -484,6 +492,8 @@ class AuditSection(Section):
 
 class AuditConfig(SimulateConfig):
     """The audit of a model we did not train (its defaults layered by conf/audit.yaml)."""
+
+    serves_a_target: ClassVar[bool] = True
 
     audit: AuditSection = Field(default_factory=AuditSection)
 

@@ -74,6 +74,8 @@ BAD_SETTINGS = [
     (["target.method=qlora"], "target.method", "'full' or 'lora'"),
     (["sample.backend=vlm"], "sample.backend", "'vllm' or 'openai'"),
     (["sample.backend=openai"], "sample.endpoint_url", "http://host:8000/v1"),
+    # simulate builds its target and shadow here: an endpoint is an audit's model under audit
+    (["sample.backend=openai", "sample.endpoint_url=http://host:8000/v1"], "sample.backend", "leakray audit --target"),
     (["sample.backend=vllm"], "vllm", "pip install 'leakray[vllm]'"),
     (["benchmark.name=mbpp"], "benchmark", "set benchmark.path"),
     (["benchmark.name=humaneval2"], "benchmark", "unknown benchmark"),
