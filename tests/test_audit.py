@@ -143,8 +143,8 @@ def test_an_endpoint_audit_samples_the_shadow_here_and_the_target_there(tmp_path
     cfg = load_config([], ["sample.backend=openai", "sample.endpoint_url=http://host:8000/v1", "audit.target=served",
                            "columns.advprompt=false", "columns.reference_model=null", "sample.k=3"], AuditConfig)
     seen = {}
-    monkeypatch.setattr(collection, "collect_to", lambda table, path, ccfg, out: seen.setdefault(out.name, (path, ccfg.sample))
-                        and {})
+    monkeypatch.setattr(collection, "collect_to",
+                        lambda table, path, ccfg, out: seen.setdefault(out.name, (path, ccfg.sample)) and {})
     runner = SimpleNamespace(info={"base": {"path": "/b"}, "shadow": {"model": str(tmp_path / "shadow")}},
                              dir=lambda name: tmp_path / name, run_dir=tmp_path)
     tasks = read_humaneval()[:4]

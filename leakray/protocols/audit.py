@@ -196,7 +196,8 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
         return stages
     if planted and not together:
         stages.append(target)
-    stages.append(StageSpec("collect_target", collect(target_model, planted_members, target_reference(cfg), served=True),
+    stages.append(StageSpec("collect_target",
+                            collect(target_model, planted_members, target_reference(cfg), served=True),
                             lambda i: f"{i.get('rows_out')} tasks, {i.get('exec_status')}"))
     if a.rewrites:
         stages.append(StageSpec("rewrite_scores", rewrite_stage,
