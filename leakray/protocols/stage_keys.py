@@ -103,8 +103,8 @@ def audit_keys(cfg, digest: str, card_id: str | None = None, control_digest: str
     shadow_models = stage_key("audit:models", cfg, digest, drop=(*quiet, "detect", *COLLECTING, *TARGET_ONLY),
                               card=card_id)
     collections = stage_key("audit:collections", cfg, digest, drop=(*quiet, "detect"), needs=needs, card=card_id)
-    shadow_collections = stage_key("audit:collections", shadow_side(cfg), digest, drop=(*quiet, "detect", *TARGET_ONLY),
-                                   needs=needs, card=card_id)
+    shadow_collections = stage_key("audit:collections", shadow_side(cfg), digest,
+                                   drop=(*quiet, "detect", *TARGET_ONLY), needs=needs, card=card_id)
     from leakray.detect.card import VERSION
 
     # a card made by a leakray whose cards have another format (its detectors' scores on another
