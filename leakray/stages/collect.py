@@ -452,7 +452,9 @@ def failure_note(exc: Exception) -> str:
     """The note on a row whose sampling raised: the exception's type, never its message (it may
     quote the prompt), and for a probe the endpoint's reason (`ProbeFailed.reason`: http_429,
     timeout, ...), which says whether trying the row again can help."""
-    reason = getattr(exc, "reason", None) if type(exc).__name__ == "ProbeFailed" else None
+    from leakray.models.endpoint_sampler import ProbeFailed
+
+    reason = exc.reason if isinstance(exc, ProbeFailed) else None
     return f"failed:sample_error:{type(exc).__name__}" + (f":{reason}" if reason else "")
 
 
