@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -20,6 +21,14 @@ MARKER = "_DONE.json"
 STAGE_KEY = "stage_key"  # a keyed stage's marker records its key: what another run looks it up by
 FANOUT_MARK = "fanout.json"  # in a fan-out's parent directory (protocols.fanout): its children are runs
 KILL_ENV = "LEAKRAY_KILL_IN_STAGE"  # tests only: see kill_point
+# The rows a killed attempt of a stage had finished, for the next attempt of the same stage. A
+# resumable stage (`StageSpec.resumable`: a collection, whose rows are a model's answers that cost
+# minutes each on a slow host, or an API's money) writes them under `KEPT/<its key>/`, and the next
+# attempt of that stage with the same key finds them there (`kept_dir`); `clear_partial` clears the
+# rest of the directory, and what another key wrote. Which of the kept files are whole the stage
+# decides (a collection reads back the part files that parse, and of their rows those that went
+# through). A finished stage keeps none of it (adoption never copies it).
+KEPT = "kept"
 # Every stage's marker carries these (datatrove-style stats), so reports read them generically.
 STAT_DEFAULTS = {"rows_in": None, "rows_out": None, "errors": {}, "parse_failures": {}}
 
@@ -157,6 +166,8 @@ class StageSpec:
     # so a run that changes only what later stages read starts where the change starts. None:
     # never adopted (a stage that reads everything, or whose inputs cannot be keyed).
     key: str | None = None
+    # a killed attempt's finished rows are read back by the next attempt (`KEPT`; a keyed stage only)
+    resumable: bool = False
 
 
 @dataclass
@@ -172,13 +183,29 @@ class Together:
         return "+".join(spec.name for spec in self.specs)
 
 
-def clear_partial(stage_dir: Path) -> None:
+def clear_partial(stage_dir: Path, keep: str | None = None) -> None:
     """What a killed attempt of a stage left in its directory (a partial file, half a model)
-    is never read back: an unfinished stage starts from an empty directory."""
-    import shutil
+    is never read back: an unfinished stage starts from an empty directory, except for the rows
+    kept under `KEPT/<keep>` (a resumable stage's own key)."""
+
+    def remove(p: Path) -> None:
+        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
     for p in Path(stage_dir).iterdir():
-        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        if keep and p.name == KEPT and p.is_dir() and not p.is_symlink():
+            for q in p.iterdir():
+                if q.name != keep:  # another key's rows: other settings, never this stage's
+                    remove(q)
+            continue
+        remove(p)
+
+
+def kept_dir(stage_dir: Path) -> Path | None:
+    """Where a resumable stage keeps its finished rows in this attempt and finds a killed
+    attempt's (`KEPT`): made by the runner before the stage runs; None for a stage that keeps none."""
+    kept = Path(stage_dir) / KEPT
+    found = [p for p in kept.iterdir() if p.is_dir()] if kept.is_dir() else []
+    return found[0] if len(found) == 1 else None
 
 
 def kill_point(stage: "Stage") -> None:
@@ -243,13 +270,18 @@ class StageRunner:
                 if self._before_work is not None:
                     self._before_work()
                     self._before_work = None
-            clear_partial(stage.dir)
+            keep = spec.key if spec.resumable else None
+            clear_partial(stage.dir, keep)
+            if keep:
+                (stage.dir / KEPT / keep).mkdir(parents=True, exist_ok=True)
             stage.start()
             kill_point(stage)
             stats = {**STAT_DEFAULTS, **(spec.run(stage.dir) or {})}
             if spec.key:
                 stats[STAGE_KEY] = spec.key
             stage.finish(**stats)
+            if keep:  # its rows are in its outputs now
+                shutil.rmtree(stage.dir / KEPT, ignore_errors=True)
             self.ran.append(spec.name)
             if self.store is not None:
                 with self._push_lock:  # stages run `Together` finish in any order
@@ -295,7 +327,6 @@ def adopt(donor: Path, stage: "Stage") -> None:
     Linking is safe because a finished stage's files are never written again (markers and
     reports are replaced, not rewritten in place); a kill before the marker leaves a partial
     stage that the next attempt clears."""
-    import shutil
 
     def link(src: str, dst: str) -> None:
         try:
@@ -305,7 +336,7 @@ def adopt(donor: Path, stage: "Stage") -> None:
 
     clear_partial(stage.dir)
     shutil.copytree(donor, stage.dir, symlinks=True, dirs_exist_ok=True, copy_function=link,
-                    ignore=shutil.ignore_patterns(MARKER, "partial.tmp"))
+                    ignore=shutil.ignore_patterns(MARKER, "partial.tmp", KEPT))
     info = json.loads((donor / MARKER).read_text())
     src, dst = str(donor.parent.resolve()), str(stage.dir.parent.resolve())
 

@@ -436,3 +436,68 @@ def test_an_endpoint_that_answers_no_row_is_not_asked_again(tiny_lm, tmp_path):
                     engine="local", errors_path=tmp_path / "errors.parquet")
         sampled = srv.count(lambda b: not b.get("echo"))
     assert sampled == 2  # one request per task, none again
+
+
+def test_a_killed_collection_reads_back_its_rows_and_asks_only_for_the_rest(tiny_lm, tmp_path, monkeypatch):
+    """A collection through the endpoint (each answer a request, on a paid API money) dies in its
+    second batch. The next attempt of the stage (the same key) reads the first batch's rows back
+    from the part files it kept and asks the endpoint only for the other tasks; every row is the
+    row an undisturbed run gives (each task's seed is its own). A part file the kill cut short is
+    skipped, and rows kept under another key (other settings) are never read."""
+    import pyarrow.parquet as pq
+
+    from leakray.data.tasks import generation_prompt
+    from leakray.models.endpoint_server import CompletionServer, HFBackend
+    from leakray.protocols.collection import collect_to
+    from leakray.runs import KEPT, StageRunner, StageSpec
+    from leakray.stages import collect as stages
+
+    tasks = [t for i, t in enumerate(_tasks(5)) if i != 1]  # HumanEval/1 is longer than the tiny model's context
+    asked: list[str] = []
+
+    class Quiet:
+        verbose = False
+
+        def stage(self, *args):
+            pass
+
+    with CompletionServer(HFBackend(str(tiny_lm[0])),
+                          fault=lambda body, _: asked.append(body["prompt"]) if not body.get("echo") else None) as srv:
+        sample = SampleConfig(backend="openai", endpoint_url=srv.url, k=2, max_new_tokens=16, batch_size=2,
+                              max_retries=0, row_retry_wait_s=0.0)
+        cfg = CollectConfig(sample=sample, batch_size=2)
+
+        def spec(key):
+            return StageSpec("collect_target", lambda out: collect_to(input_table(tasks, {}, set()), "tiny", cfg, out,
+                                                                      engine="local"), key=key, resumable=True)
+
+        clean = collect(input_table(tasks, {}, set()), "tiny", cfg, engine="local")
+        asked.clear()
+        run_dir, calls = tmp_path / "run", []
+        real = stages.ExecuteStage.__call__
+
+        def dies_in_the_second_batch(self, batch):
+            calls.append(batch.num_rows)
+            if len(calls) == 2:
+                raise KeyboardInterrupt  # the driver killed mid-stage
+            return real(self, batch)
+
+        monkeypatch.setattr(stages.ExecuteStage, "__call__", dies_in_the_second_batch)
+        with pytest.raises(KeyboardInterrupt):
+            StageRunner(run_dir, Quiet()).run([spec("k1")])
+        monkeypatch.setattr(stages.ExecuteStage, "__call__", real)
+        kept = run_dir / "collect_target" / KEPT
+        (written,) = kept.glob("k1/*/parts/*.parquet")  # the first batch's rows
+        assert len(asked) == 4  # two tasks' samples, then the second batch's, lost with the kill
+        (written.parent / "cut.parquet").write_bytes(written.read_bytes()[:200])  # a write the kill cut short
+        (kept / "k0" / "a" / "parts").mkdir(parents=True)  # another key's rows: never read
+        pq.write_table(pq.read_table(written).slice(0, 1), kept / "k0" / "a" / "parts" / "x.parquet")
+        asked.clear()
+        info = StageRunner(run_dir, Quiet()).run([spec("k1")])["collect_target"]
+    first = {generation_prompt(t[T.PROMPT]) for t in tasks[:2]}
+    assert len(asked) == 2 and not first & set(asked)  # only the two tasks the kill lost were asked for
+    assert info["resumed_rows"] == 2 and info["rows_out"] == 4
+    out = pq.read_table(run_dir / "collect_target" / "collection.parquet")
+    assert out.column(C.TASK_ID).to_pylist() == clean.column(C.TASK_ID).to_pylist()
+    assert out.column(C.COMPLETIONS).to_pylist() == clean.column(C.COMPLETIONS).to_pylist()
+    assert not kept.exists()  # a finished stage keeps no attempt's files

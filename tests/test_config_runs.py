@@ -531,3 +531,32 @@ def test_a_cards_name_does_not_read_how_often_a_failed_row_is_tried_again():
     assert card_run_name(load_config([AUDIT_DEFAULTS], ["sample.row_retries=4", "sample.row_retry_wait_s=1"],
                                      AuditConfig), "d") == name
     assert card_run_name(load_config([AUDIT_DEFAULTS], ["sample.k=3"], AuditConfig), "d") != name
+
+
+def test_a_resumable_stage_finds_what_its_killed_attempt_kept_and_nothing_else(tmp_path):
+    """A resumable stage (a collection) keeps its finished rows under kept/<its key>: the next
+    attempt of the same stage and key finds them; whatever else the killed attempt left, and
+    what another key kept, is cleared; a finished stage keeps none of it; a stage that is not
+    resumable gets no such directory."""
+    from leakray.runs import KEPT, kept_dir
+
+    seen = []
+
+    def run(out):
+        kept = kept_dir(out)
+        seen.append((sorted(p.name for p in kept.iterdir()), (out / "half-written.parquet").exists()))
+        (kept / f"rows-{len(seen)}").write_text("rows")
+        (out / "half-written.parquet").write_text("")
+        if len(seen) == 1:
+            raise KeyboardInterrupt  # killed mid-stage
+        return {}
+
+    stage = tmp_path / "collect"
+    with pytest.raises(KeyboardInterrupt):
+        StageRunner(tmp_path, _Quiet()).run([StageSpec("collect", run, key="k1", resumable=True)])
+    (stage / KEPT / "k0").mkdir()  # kept under other settings
+    StageRunner(tmp_path, _Quiet()).run([StageSpec("collect", run, key="k1", resumable=True)])
+    assert seen == [([], False), (["rows-1"], False)]
+    assert (stage / "_DONE.json").exists() and not (stage / KEPT).exists()
+    assert StageRunner(tmp_path, _Quiet()).run([StageSpec("plain", lambda out: {"kept": kept_dir(out)})])[
+        "plain"]["kept"] is None

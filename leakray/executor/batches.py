@@ -19,15 +19,23 @@ from leakray.stages.base import BatchStep
 ENGINES = ("local", "ray")
 
 
-def run_local(table: pa.Table, steps: Sequence[BatchStep], batch_size: int) -> pa.Table:
-    """Every step in this process, each built once, over batches of ``batch_size`` rows."""
+def run_local(table: pa.Table, steps: Sequence[BatchStep], batch_size: int, out_dir: Path | None = None) -> pa.Table:
+    """Every step in this process, each built once, over batches of ``batch_size`` rows. With
+    ``out_dir``, each batch's rows are written as a part file under ``out_dir/parts`` as soon as
+    the batch is done, as the Ray engine's are (what a resumable stage reads back after a kill)."""
     built = [s.build() for s in steps]
-    parts = []
-    for batch in table.to_batches(max_chunksize=max(1, batch_size)):
+    parts, where = [], None
+    if out_dir is not None:
+        where = Path(out_dir) / "parts"
+        where.mkdir(parents=True, exist_ok=True)
+    for i, batch in enumerate(table.to_batches(max_chunksize=max(1, batch_size))):
         out = pa.Table.from_batches([batch])
         for fn in built:
             out = fn(out)
         parts.append(out)
+        if where is not None:  # whole or absent: a kill mid-write leaves only the temporary name
+            pq.write_table(out, where / f"part-{i:05d}.parquet.tmp")
+            (where / f"part-{i:05d}.parquet.tmp").replace(where / f"part-{i:05d}.parquet")
     return pa.concat_tables(parts) if parts else table.slice(0, 0)
 
 
@@ -81,7 +89,7 @@ def run_steps(table: pa.Table, steps: Sequence[BatchStep], *, batch_size: int, e
               out_dir: Path | None = None) -> pa.Table:
     """The one entry point protocols use: ``engine`` chooses where, the steps do not know."""
     if engine == "local":
-        return run_local(table, steps, batch_size)
+        return run_local(table, steps, batch_size, out_dir)
     if engine == "ray":
         if out_dir is None:
             raise ValueError("the ray engine writes part files: give out_dir")

@@ -20,7 +20,8 @@ LOG = logging.getLogger(__name__)
 
 
 def collect(table: pa.Table, model_path: str, cfg: CollectConfig, *, engine: str = "ray",
-            out_dir: Path | None = None, errors_path: Path | None = None, retried: dict | None = None) -> pa.Table:
+            out_dir: Path | None = None, errors_path: Path | None = None, retried: dict | None = None,
+            kept: Path | None = None) -> pa.Table:
     """The collection of ``table`` (``engine``: "ray" streams the steps as Ray Data operators and
     writes part files under ``out_dir``; "local" runs them in this process).
 
@@ -29,10 +30,24 @@ def collect(table: pa.Table, model_path: str, cfg: CollectConfig, *, engine: str
     table, up to ``sample.row_retries`` more passes, each after a pause of ``sample.row_retry_wait_s``;
     the attempt that went through is kept (`finalize`). Not when no row went through: that is a
     systemic fault (an endpoint that is down, a wrong URL), which `finalize` reports at once.
+    ``kept``: a resumable stage's `runs.kept_dir`. The part files go there (each attempt its own
+    directory), and the rows a killed attempt had finished there are read back and not collected
+    again (`kept_rows`).
     ``retried``: filled with what the passes did (``rows``: rows collected again, ``recovered``:
-    those that went through)."""
+    those that went through; ``resumed``: rows read back from a killed attempt)."""
     steps = collect_steps(model_path, cfg)
-    raw = run_steps(table, steps, batch_size=cfg.batch_size, engine=engine, out_dir=out_dir)
+    earlier = kept_rows(kept) if kept is not None else None
+    where = out_dir if kept is None else kept / f"attempt-{time.time_ns()}"
+    parts, todo = [], table
+    if earlier is not None:
+        done = pa.array(sorted(set(earlier.column(C.TASK_ID).to_pylist())), pa.string())
+        todo = table.filter(pc.invert(pc.is_in(table.column(C.TASK_ID), done)))
+        parts.append(earlier)
+        LOG.info("%d of %d rows read back from a killed attempt of this stage; collecting the other %d",
+                 len(done), table.num_rows, todo.num_rows)
+    if todo.num_rows or not parts:
+        parts.append(run_steps(todo, steps, batch_size=cfg.batch_size, engine=engine, out_dir=where))
+    raw = pa.concat_tables(parts, promote_options="default") if len(parts) > 1 else parts[0]
     again, tried = retryable_rows(raw), set()
     for attempt in range(1, cfg.sample.row_retries + 1):
         if not again or len(again) == len(set(table.column(C.TASK_ID).to_pylist())):
@@ -44,27 +59,74 @@ def collect(table: pa.Table, model_path: str, cfg: CollectConfig, *, engine: str
         time.sleep(cfg.sample.row_retry_wait_s)
         todo = table.filter(pc.is_in(table.column(C.TASK_ID), pa.array(sorted(again), pa.string())))
         more = run_steps(todo, steps, batch_size=cfg.batch_size, engine=engine,
-                         out_dir=None if out_dir is None else out_dir / f"retry-{attempt}")
+                         out_dir=None if where is None else where / f"retry-{attempt}")
         raw = pa.concat_tables([raw, more], promote_options="default")
         tried |= set(again)
         again = retryable_rows(raw)
     out = finalize(raw, errors_path)
     if retried is not None:
         retried.update(rows=len(tried), recovered=len(tried & set(out.column(C.TASK_ID).to_pylist())))
+        if earlier is not None:
+            retried["resumed"] = len(set(earlier.column(C.TASK_ID).to_pylist()))
     return out
+
+
+def kept_rows(kept: Path) -> pa.Table | None:
+    """The rows that went through in the part files under ``kept`` (every pass of every earlier
+    attempt of this stage, written as each batch finished), or None. A part file that a kill
+    cut short does not parse and is skipped: its rows are collected again. Read where the workers
+    wrote them (the run's URI when it is mirrored: `storage.shared_dir`)."""
+    import pyarrow.parquet as pq
+    from pyarrow import fs as pafs
+
+    from leakray.stages.collect import row_failed
+    from leakray.storage import shared_dir
+
+    root, filesystem = shared_dir(kept)
+    filesystem = filesystem or pafs.LocalFileSystem()
+    found = filesystem.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+    tables = []
+    for info in sorted(found, key=lambda i: i.path):
+        if info.type != pafs.FileType.File or not info.path.endswith(".parquet"):
+            continue
+        try:
+            tables.append(pq.read_table(info.path, filesystem=filesystem))
+        except (pa.ArrowInvalid, OSError) as exc:
+            LOG.info("skipped a part file a killed attempt did not finish (%s): %s", info.path, exc)
+    if not tables:
+        return None
+    rows = pa.concat_tables(tables, promote_options="default")
+    notes = rows.column(C.NOTES).to_pylist() if C.NOTES in rows.column_names else [[]] * rows.num_rows
+    keep = [i for i, n in enumerate(notes) if not row_failed(n)]  # a failed row is collected again
+    return rows.take(keep) if keep else None
 
 
 def collect_to(table: pa.Table, model_path: str, cfg: CollectConfig, out_dir: Path, engine: str = "ray") -> dict:
     """Collect ``table`` into ``out_dir/collection.parquet`` (failed rows to ``errors.parquet``);
-    returns the stage's stats (``row_retries``: what the passes over failed rows did)."""
+    returns the stage's stats (``row_retries``: what the passes over failed rows did;
+    ``resumed_rows``: rows a killed attempt had finished, read back, in a resumable stage)."""
+    from leakray.runs import kept_dir
+    from leakray.storage import clear_dir, shared_dir
+
     t0 = time.perf_counter()
-    errors, retried = out_dir / "errors.parquet", {}
-    coll = collect(table, model_path, cfg, engine=engine, out_dir=out_dir, errors_path=errors, retried=retried)
+    errors, retried, kept = out_dir / "errors.parquet", {}, kept_dir(out_dir)
+    coll = collect(table, model_path, cfg, engine=engine, out_dir=out_dir, errors_path=errors, retried=retried,
+                   kept=kept)
     stats = collection_stats(coll, time.perf_counter() - t0, errors)
     if retried.get("rows"):
-        stats["row_retries"] = retried
+        stats["row_retries"] = {k: retried[k] for k in ("rows", "recovered")}
+    if retried.get("resumed"):
+        stats["resumed_rows"] = retried["resumed"]
     write_collection(coll, out_dir / "collection.parquet", stats)
+    if kept is not None:  # the rows are in the collection now (where the workers wrote them, too)
+        clear_dir(*shared_dir(kept.parent))
     return {"rows_in": table.num_rows, **stats}
+
+
+def resumed_note(info: dict) -> str:
+    """A collection stage's console line, continued: the rows it read back from a killed attempt."""
+    n = info.get("resumed_rows")
+    return f" ({n} of them read back from a killed attempt)" if n else ""
 
 
 def prove_variants_to(tasks: list[dict], out_dir: Path, *, seed: int, timeout_s: float, threads: int, actors: int,

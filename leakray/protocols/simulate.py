@@ -255,7 +255,7 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
 
     def collect_summary(info: dict) -> str:
         return (f"{info.get('rows_out', info.get('rows'))} tasks, {info.get('exec_status')}, "
-                f"CodeBLEU parse failures {info.get('parse_failures') or {}}")
+                f"CodeBLEU parse failures {info.get('parse_failures') or {}}" + collection.resumed_note(info))
 
     stages = [
         StageSpec("folds", folds_stage, lambda i: f"D1..D4 sizes {i['sizes']}"),
@@ -269,7 +269,8 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
         # the two fine-tunes read only the base and their own fold: side by side, one core each
         Together(tuple(StageSpec(role, finetune_stage(role), lambda i, role=role: _leak_line(role, i))
                        for role in ("target", "shadow"))),
-        *(StageSpec(f"collect_{role}", collect_stage(role), collect_summary) for role in ("shadow", "target")),
+        *(StageSpec(f"collect_{role}", collect_stage(role), collect_summary, resumable=True)
+          for role in ("shadow", "target")),
         StageSpec("detect", detect_stage, lambda i: f"{', '.join(i['detectors'])}"),
     ]
     from leakray.protocols.stage_keys import simulate_keys, with_keys
