@@ -112,13 +112,7 @@ def ray_head():
     live under it (paths are limited to ~107 bytes)."""
     # not RAY_ADDRESS: an in-process test's local Ray exports its own (executor.runtime.ensure_ray),
     # and `ray job submit` / a driver started from here would go there instead of to this head
-    # RAY_num_workers_soft_limit: Ray keeps no more workers than CPUs (-1 = num_cpus) and kills an idle one
-    # over that after a second; the end-to-end runs' actor pools already hold more than two, so every
-    # short task (a batch's CodeBLEU and part-file write, a fine-tune) started a fresh Python importing
-    # torch again. Eight kept workers are reused across tasks: the five tests on this head, one after
-    # another, 262 s and 386 busy CPU s against 278 s and 408 (docs/MEASUREMENTS.md, 2026-12-06).
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_AUTH_MODE": "disabled",
-                                                                         "RAY_num_workers_soft_limit": "8"}
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_AUTH_MODE": "disabled"}
     port, dash, agent, agent_grpc, metrics, rt_env = _free_ports(6)
     temp = tempfile.mkdtemp(prefix="lr", dir="/tmp")
     ray = str(Path(sys.executable).with_name("ray"))

@@ -181,9 +181,14 @@ def test_a_run_shared_by_several_detectors_is_not_each_ones_cost():
 
 
 def test_an_audit_report_names_the_rows_a_collection_tried_again():
-    from leakray.report.audit import row_retries_line
+    from leakray.report.rows import row_retries_line
 
     stages = {"collect_shadow": {"errors": {}}, "collect_target": {"row_retries": {"rows": 3, "recovered": 2}}}
     assert row_retries_line(stages) == ["", "Rows collected again after a failure another attempt can cure "
                                             "(`sample.row_retries`): collect_target 3, of which 2 went through"]
     assert row_retries_line({"collect_target": {"row_retries": {"rows": 0, "recovered": 0}}}) == []
+    from leakray.report.rows import resumed_line
+
+    assert resumed_line({"collect_target": {"resumed_rows": 120, "rows_in": 164}, "collect_shadow": {}}) == [
+        "", "Rows read back from a killed attempt of the stage (not collected again): collect_target 120 of 164"]
+    assert resumed_line(stages) == []

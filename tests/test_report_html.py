@@ -295,3 +295,17 @@ def test_simulate_page_says_a_shared_runs_time_is_not_each_detectors_cost():
     assert "shared" not in rh._wall_cell({"wall_s": 17.3}) and 'data-v="17.3"' in rh._wall_cell({"wall_s": 17.3})
     assert rh._wall_cell({"wall_s": 25.2, "shared_run": ["cgmia", "cgmia_ensemble"]}).endswith(
         '25.2<span class="note"> (shared by 2)</span></td>')
+
+
+def test_the_page_says_what_happened_to_the_rows_as_report_md_does():
+    """Rows failed or degraded, tried again, read back after a kill: in report.md since they were
+    counted, and on the page a user opens too (before, only in the markdown)."""
+    stages = {"collect_shadow": {"errors": {}, "rows_in": 82},
+              "collect_target": {"errors": {"failed:sample_error:ProbeFailed:http_503": 2, HOSTILE: 1},
+                                 "row_retries": {"rows": 3, "recovered": 1}, "resumed_rows": 120, "rows_in": 164}}
+    page = rh.render_audit({"stages": stages}, [])
+    assert "Row errors by stage: collect_target {&#x27;failed:sample_error:ProbeFailed:http_503&#x27;: 2" in page
+    assert "(sample.row_retries): collect_target 3, of which 1 went through" in page
+    assert "read back from a killed attempt of the stage (not collected again): collect_target 120 of 164" in page
+    assert "<script>window.__pwned" not in page  # a reason is text, escaped
+    assert "Row errors" not in rh.render_audit({"stages": {"collect_target": {"errors": {}}}}, [])

@@ -19,6 +19,7 @@ from leakray.evaluate.audit_routes import card_estimate, decide, flags_of
 from leakray.data.registry import benchmark_path
 from leakray.evaluate.inflation import inflation, pass_at_1
 from leakray.models.host import fingerprint_line, host_fingerprint
+from leakray.report.rows import row_lines
 from leakray.report.advprompt_kinds import advprompt_kinds_line
 from leakray.report.costs import time_by_stage
 from leakray.runs import MARKER, write_json_atomic
@@ -360,15 +361,6 @@ def export_cleaned(cfg, tasks: list[dict], flagged: set[str], run_dir: Path) -> 
         return {"path": None, "error": str(exc), "removed": len(removed), "removed_ids": "cleaned/removed_ids.txt"}
 
 
-def row_retries_line(stages: dict) -> list[str]:
-    """The rows a collection tried again after a failure another attempt can cure, where any."""
-    again = {name: st["row_retries"] for name, st in stages.items() if (st.get("row_retries") or {}).get("rows")}
-    if not again:
-        return []
-    return ["", "Rows collected again after a failure another attempt can cure (`sample.row_retries`): " + "; ".join(
-        f"{name} {v['rows']}, of which {v['recovered']} went through" for name, v in again.items())]
-
-
 def _stages(run_dir: Path) -> dict:
     return {p.parent.name: json.loads(p.read_text()) for p in sorted(run_dir.glob(f"*/{MARKER}"))}
 
@@ -430,10 +422,7 @@ def render_markdown(r: dict) -> str:
     lines += advprompt_kinds_line(r.get("config"), r["detectors"])
     if r.get("skipped"):
         lines += ["", "Not run: " + "; ".join(f"{k} ({v})" for k, v in r["skipped"].items())]
-    errors = {name: st["errors"] for name, st in (r.get("stages") or {}).items() if st.get("errors")}
-    if errors:  # degraded rows, and rows that failed for good (no verdict: ids in <stage>/errors.parquet)
-        lines += ["", "Row errors by stage: " + "; ".join(f"{name} {e}" for name, e in errors.items())]
-    lines += row_retries_line(r.get("stages") or {})
+    lines += row_lines(r.get("stages") or {})
     if (r.get("environment") or {}).get("cpu"):
         lines += ["", fingerprint_line(r["environment"])]
     lines += time_by_stage(r.get("stages") or {}, r.get("timings_s") or {})

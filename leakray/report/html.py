@@ -25,6 +25,7 @@ from leakray.errors import BadInput
 from leakray.report import plots
 from leakray.report.advprompt_kinds import advprompt_kinds_line
 from leakray.report.costs import shared_run_note, time_by_stage
+from leakray.report.rows import row_lines
 from leakray.schema import S
 
 log = logging.getLogger(__name__)
@@ -391,6 +392,9 @@ def render_audit(report: Mapping, samples: list[Mapping]) -> str:
         "<h2>Detectors (validation on shadow data)</h2>",
         _table(AUDIT_DETECTOR_COLUMNS, _detector_rows(report.get("detectors") or {}), tid="detectors"),
         _skipped(report),
+        # rows failed, degraded, tried again or read back after a kill: what the per-sample table cannot show
+        *(f'<p class="note">{escape(line.replace("`", ""))}</p>' for line in row_lines(report.get("stages") or {})
+          if line),
         "<h2>Samples</h2>",
         '<div class="controls"><input id="filter-text" type="search" placeholder="filter: task, text, evidence…" '
         f'aria-label="filter samples"><select id="filter-verdict" aria-label="verdict"><option value="">all verdicts'

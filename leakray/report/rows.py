@@ -1,0 +1,35 @@
+"""What happened to a run's rows, from its stages' markers: rows degraded or failed for good (by
+reason), rows a collection tried again, rows read back from a killed attempt. The same lines in
+report.md and report.html (markdown's backticks dropped there)."""
+
+from __future__ import annotations
+
+
+def row_errors_line(stages: dict) -> list[str]:
+    """Degraded rows, and rows that failed for good (no verdict: ids in <stage>/errors.parquet)."""
+    errors = {name: st["errors"] for name, st in stages.items() if st.get("errors")}
+    if not errors:
+        return []
+    return ["", "Row errors by stage: " + "; ".join(f"{name} {e}" for name, e in errors.items())]
+
+
+def row_retries_line(stages: dict) -> list[str]:
+    """The rows a collection tried again after a failure another attempt can cure, where any."""
+    again = {name: st["row_retries"] for name, st in stages.items() if (st.get("row_retries") or {}).get("rows")}
+    if not again:
+        return []
+    return ["", "Rows collected again after a failure another attempt can cure (`sample.row_retries`): " + "; ".join(
+        f"{name} {v['rows']}, of which {v['recovered']} went through" for name, v in again.items())]
+
+
+def resumed_line(stages: dict) -> list[str]:
+    """The rows a collection read back from a killed attempt of itself instead of collecting them again."""
+    back = {name: st for name, st in stages.items() if st.get("resumed_rows")}
+    if not back:
+        return []
+    return ["", "Rows read back from a killed attempt of the stage (not collected again): " + "; ".join(
+        f"{name} {st['resumed_rows']} of {st.get('rows_in', '?')}" for name, st in back.items())]
+
+
+def row_lines(stages: dict) -> list[str]:
+    return row_errors_line(stages) + row_retries_line(stages) + resumed_line(stages)
