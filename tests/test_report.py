@@ -165,6 +165,21 @@ def test_a_simulate_report_names_the_run_that_made_an_adopted_stage():
     assert got["target"]["reused_from"] == "humaneval-ba24" and "reused_from" not in got["detect"]
 
 
+def test_a_simulate_report_says_which_rows_a_collection_read_back_or_tried_again():
+    from leakray.report.simulate import render_markdown, stage_stats
+
+    base = {"benchmark": {"name": "humaneval"}, "protocol": "p", "detectors": {}, "timings_s": {}, "models": {},
+            "collections": {}, "seeds": {}, "isolation": {},
+            "leak": {r: leak_summary(_table([_row(1, [True, False], [0.1, 0.3]),
+                                             _row(0, [False, False], [0.8, 0.9])])) for r in ("target", "shadow")}}
+    stages = stage_stats({"collect_shadow": {"rows_in": 82, "resumed_rows": 40},
+                          "collect_target": {"rows_in": 82, "row_retries": {"rows": 2, "recovered": 2}}})
+    md = render_markdown({**base, "stages": stages})
+    assert "Rows read back from a killed attempt of the stage (not collected again): collect_shadow 40 of 82" in md
+    assert "(`sample.row_retries`): collect_target 2, of which 2 went through" in md
+    assert "read back" not in render_markdown({**base, "stages": stage_stats({"collect_shadow": {"rows_in": 82}})})
+
+
 def test_a_run_shared_by_several_detectors_is_not_each_ones_cost():
     base = {"benchmark": {"name": "humaneval"}, "protocol": "p", "timings_s": {}, "models": {}, "collections": {},
             "seeds": {}, "leak": {r: leak_summary(_table([_row(1, [True, False], [0.1, 0.3]),

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from leakray.models.host import fingerprint_line, host_fingerprint
 from leakray.report.advprompt_kinds import advprompt_kinds_line
 from leakray.report.costs import shared_run_note
+from leakray.report.rows import resumed_line, row_retries_line
 from leakray.runs import MARKER, write_json_atomic
 from leakray.schema import C
 
@@ -105,6 +106,8 @@ def stage_stats(stages: dict) -> dict:
                    "machine_busy": (info.get("machine_cpu") or {}).get("busy_share"),
                    # a collection's rows tried again after a failure another attempt can cure, where any
                    **({"row_retries": info["row_retries"]} if info.get("row_retries") else {}),
+                   # and the rows it read back from a killed attempt of itself
+                   **({"resumed_rows": info["resumed_rows"]} if info.get("resumed_rows") else {}),
                    # adopted from another run made from the same inputs (runs.adopt): its numbers are that run's
                    **({"reused_from": info["reused_from"]} if info.get("reused_from") else {})}
             for name, info in stages.items()}
@@ -338,6 +341,7 @@ def render_markdown(r: dict) -> str:
     lines += ["", "machine busy: the share of the CPU time of the machine that ran the driver (on a cluster, the "
               "head's node) that was busy during the stage; stages run side by side share it. Near 100% a stage "
               "is bound by its CPUs' work (more CPUs or less work shortens it); idle CPUs mean it waited."]
+    lines += row_retries_line(r.get("stages") or {}) + resumed_line(r.get("stages") or {})
     if any(st.get("reused_from") for st in (r.get("stages") or {}).values()):
         lines += ["", "made by: the stage was adopted from that run, made from the same inputs (the settings it reads "
                   "are this run's); its numbers are that run's."]
