@@ -454,6 +454,7 @@ def test_a_killed_collection_reads_back_its_rows_and_asks_only_for_the_rest(tiny
 
     tasks = [t for i, t in enumerate(_tasks(5)) if i != 1]  # HumanEval/1 is longer than the tiny model's context
     asked: list[str] = []
+    served: list[dict] = []  # every request the server answered, reference scoring (echo) included
 
     class Quiet:
         verbose = False
@@ -461,8 +462,12 @@ def test_a_killed_collection_reads_back_its_rows_and_asks_only_for_the_rest(tiny
         def stage(self, *args):
             pass
 
-    with CompletionServer(HFBackend(str(tiny_lm[0])),
-                          fault=lambda body, _: asked.append(body["prompt"]) if not body.get("echo") else None) as srv:
+    def seen(body, _):
+        served.append(body)
+        if not body.get("echo"):
+            asked.append(body["prompt"])
+
+    with CompletionServer(HFBackend(str(tiny_lm[0])), fault=seen) as srv:
         sample = SampleConfig(backend="openai", endpoint_url=srv.url, k=2, max_new_tokens=16, batch_size=2,
                               max_retries=0, row_retry_wait_s=0.0)
         cfg = CollectConfig(sample=sample, batch_size=2)
@@ -473,6 +478,7 @@ def test_a_killed_collection_reads_back_its_rows_and_asks_only_for_the_rest(tiny
 
         clean = collect(input_table(tasks, {}, set()), "tiny", cfg, engine="local")
         asked.clear()
+        served.clear()
         run_dir, calls = tmp_path / "run", []
         real = stages.ExecuteStage.__call__
 
@@ -501,3 +507,11 @@ def test_a_killed_collection_reads_back_its_rows_and_asks_only_for_the_rest(tiny
     assert out.column(C.TASK_ID).to_pylist() == clean.column(C.TASK_ID).to_pylist()
     assert out.column(C.COMPLETIONS).to_pylist() == clean.column(C.COMPLETIONS).to_pylist()
     assert not kept.exists()  # a finished stage keeps no attempt's files
+    # what the endpoint was asked for, both attempts: the server's own count, and the tokens it reported
+    usage = info["endpoint_usage"]
+    assert usage["requests"] == len(served) and usage["retries"] == 0 and usage["workers"] == 2
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_lm[0]))
+    assert usage["prompt_tokens"] == sum(len(tok(b["prompt"])["input_ids"]) for b in served)
+    assert 0 < usage["completion_tokens"] <= sum(b.get("max_tokens", 16) * b.get("n", 1) for b in served)

@@ -177,6 +177,9 @@ class EndpointSampler:
         self.settings = EndpointSettings.of(cfg)
         self.model = self.settings.endpoint_model or model
         self.stats: Counter = Counter()
+        # what the endpoint was asked for, from this sampler's start: every request sent (retries and
+        # refusals too) and the tokens its answers' `usage` reported (`usage_totals`); not row notes
+        self.usage: Counter = Counter()
         self.loss_notes: list[list[str]] = []  # per row of the last reference_loss call
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -402,6 +405,15 @@ class EndpointSampler:
             session.mount("https://", HTTPAdapter(pool_connections=1, pool_maxsize=1, max_retries=0))
         return session
 
+    def _count_usage(self, body) -> None:
+        usage = body.get("usage") if isinstance(body, dict) else None
+        if not isinstance(usage, dict):
+            return
+        with self._lock:
+            for name in ("prompt_tokens", "completion_tokens"):
+                if isinstance(usage.get(name), int):
+                    self.usage[name] += usage[name]
+
     def _headers(self) -> dict:
         key = os.environ.get(self.settings.api_key_env, "")
         return {"Authorization": f"Bearer {key}"} if key else {}
@@ -415,6 +427,7 @@ class EndpointSampler:
             wait = None
             with self._lock:
                 self.stats["requests"] += 1
+                self.usage["requests"] += 1
             try:
                 resp = self._session().post(s.completions_url, json=payload, headers=self._headers(),
                                             timeout=(s.timeout_s, s.timeout_s))
@@ -426,7 +439,9 @@ class EndpointSampler:
                 status = resp.status_code
                 if status == 200:
                     try:
-                        return parse(resp.json())
+                        body = resp.json()
+                        self._count_usage(body)
+                        return parse(body)
                     except (ValueError, KeyError, TypeError, AttributeError, IndexError):  # incl. _Malformed
                         reason = "malformed_json"
                 elif status in _RETRY_STATUS or status >= 500:
@@ -446,6 +461,17 @@ class EndpointSampler:
                      s.max_retries, wait)
             time.sleep(wait)
         raise AssertionError("unreachable")
+
+
+def usage_totals(sampler) -> dict | None:
+    """What an endpoint sampler has asked for so far (`EndpointSampler.usage`): requests sent,
+    retries among them, and the prompt and generated tokens the answers' `usage` reported (0
+    where the server reports none); None for a sampler that sends no requests."""
+    usage = getattr(sampler, "usage", None)
+    if usage is None:
+        return None
+    return {"requests": usage["requests"], "retries": sampler.stats["retries"],
+            "prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"]}
 
 
 def _server_message(resp) -> str:

@@ -76,6 +76,7 @@ class HFBackend:
                 choices = [self._choice(i, "", [], [], [], "length", None) for i in range(n)]
             else:
                 choices = self._generate(ids, n, max_tokens, body, stops)
+        generated = sum(len(c["logprobs"]["tokens"]) for c in choices)  # before the echo joins the prompt's
         for c in choices:
             if echoed is not None:
                 toks, lps, offs = echoed
@@ -88,7 +89,8 @@ class HFBackend:
             if not want_lp:
                 c["logprobs"] = None
         return {"object": "text_completion", "model": body.get("model", ""), "choices": choices,
-                "usage": {"prompt_tokens": ids.shape[1]}}
+                "usage": {"prompt_tokens": ids.shape[1], "completion_tokens": generated,
+                          "total_tokens": ids.shape[1] + generated}}
 
     def _offsets(self, ids: list[int]) -> tuple[list[str], list[int], str]:
         """Token strings and start offsets as decoded text (vLLM's detokenised form)."""

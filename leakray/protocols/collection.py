@@ -34,8 +34,14 @@ def collect(table: pa.Table, model_path: str, cfg: CollectConfig, *, engine: str
     directory), and the rows a killed attempt had finished there are read back and not collected
     again (`kept_rows`).
     ``retried``: filled with what the passes did (``rows``: rows collected again, ``recovered``:
-    those that went through; ``resumed``: rows read back from a killed attempt)."""
-    steps = collect_steps(model_path, cfg)
+    those that went through; ``resumed``: rows read back from a killed attempt; ``endpoint_usage``:
+    what an endpoint was asked for, every attempt of the stage that kept its files included)."""
+    usage_to = None
+    if cfg.sample.backend == "openai" and (kept or out_dir) is not None:
+        from leakray.storage import shared_dir
+
+        usage_to = shared_dir(Path(kept or out_dir) / USAGE_DIR)
+    steps = collect_steps(model_path, cfg, usage_to)
     earlier = kept_rows(kept) if kept is not None else None
     where = out_dir if kept is None else kept / f"attempt-{time.time_ns()}"
     parts, todo = [], table
@@ -68,7 +74,35 @@ def collect(table: pa.Table, model_path: str, cfg: CollectConfig, *, engine: str
         retried.update(rows=len(tried), recovered=len(tried & set(out.column(C.TASK_ID).to_pylist())))
         if earlier is not None:
             retried["resumed"] = len(set(earlier.column(C.TASK_ID).to_pylist()))
+        usage = endpoint_usage(*usage_to) if usage_to is not None else None
+        if usage:
+            retried["endpoint_usage"] = usage
     return out
+
+
+# where each sampler worker keeps what it asked an endpoint for (`stages.collect.write_usage`)
+USAGE_DIR = "endpoint_usage"
+
+
+def endpoint_usage(directory: str, filesystem) -> dict | None:
+    """What the stage's sampler workers asked an endpoint for, added up over their files: requests
+    sent (retries and refusals too), retries among them, and the prompt and generated tokens the
+    endpoint's answers reported. Each worker's file holds its totals after its last finished batch,
+    so a worker killed mid-batch leaves that batch's requests out."""
+    import json
+
+    from pyarrow import fs as pafs
+
+    filesystem = filesystem or pafs.LocalFileSystem()
+    totals, workers = Counter(), 0
+    for info in filesystem.get_file_info(pafs.FileSelector(directory, allow_not_found=True)):
+        name = info.path.rsplit("/", 1)[-1]
+        if info.type != pafs.FileType.File or not name.endswith(".json") or name.startswith("."):
+            continue
+        with filesystem.open_input_stream(info.path) as fh:
+            totals.update(json.loads(fh.read()))
+        workers += 1
+    return {**totals, "workers": workers} if workers else None
 
 
 def kept_rows(kept: Path) -> pa.Table | None:
@@ -104,7 +138,8 @@ def kept_rows(kept: Path) -> pa.Table | None:
 def collect_to(table: pa.Table, model_path: str, cfg: CollectConfig, out_dir: Path, engine: str = "ray") -> dict:
     """Collect ``table`` into ``out_dir/collection.parquet`` (failed rows to ``errors.parquet``);
     returns the stage's stats (``row_retries``: what the passes over failed rows did;
-    ``resumed_rows``: rows a killed attempt had finished, read back, in a resumable stage)."""
+    ``resumed_rows``: rows a killed attempt had finished, read back, in a resumable stage;
+    ``endpoint_usage``: what an endpoint was asked for)."""
     from leakray.runs import kept_dir
     from leakray.storage import clear_dir, shared_dir
 
@@ -117,6 +152,8 @@ def collect_to(table: pa.Table, model_path: str, cfg: CollectConfig, out_dir: Pa
         stats["row_retries"] = {k: retried[k] for k in ("rows", "recovered")}
     if retried.get("resumed"):
         stats["resumed_rows"] = retried["resumed"]
+    if retried.get("endpoint_usage"):
+        stats["endpoint_usage"] = retried["endpoint_usage"]
     write_collection(coll, out_dir / "collection.parquet", stats)
     if kept is not None:  # the rows are in the collection now (where the workers wrote them, too)
         clear_dir(*shared_dir(kept.parent))

@@ -1,6 +1,6 @@
 """What happened to a run's rows, from its stages' markers: rows degraded or failed for good (by
-reason), rows a collection tried again, rows read back from a killed attempt. The same lines in
-report.md and report.html (markdown's backticks dropped there)."""
+reason), rows a collection tried again, rows read back from a killed attempt, and what an endpoint
+was asked for. The same lines in report.md and report.html (markdown's backticks dropped there)."""
 
 from __future__ import annotations
 
@@ -31,5 +31,22 @@ def resumed_line(stages: dict) -> list[str]:
         f"{name} {st['resumed_rows']} of {st.get('rows_in', '?')}" for name, st in back.items())]
 
 
+def endpoint_usage_line(stages: dict) -> list[str]:
+    """What each collection through an endpoint asked it for (`protocols.collection.endpoint_usage`):
+    on a hosted API, what the audit was billed for."""
+    used = {name: st["endpoint_usage"] for name, st in stages.items() if st.get("endpoint_usage")}
+    if not used:
+        return []
+
+    def one(name: str, u: dict) -> str:
+        tokens = (f", {u.get('prompt_tokens', 0):,} prompt and {u.get('completion_tokens', 0):,} generated tokens "
+                  "as its answers counted them" if u.get("prompt_tokens") or u.get("completion_tokens")
+                  else ", its answers counted no tokens")
+        return f"{name} {u.get('requests', 0):,} requests ({u.get('retries', 0):,} of them retries){tokens}"
+
+    return ["", "Asked of the endpoint (every attempt of the stage; a batch a kill cut short is left out): "
+            + "; ".join(one(name, u) for name, u in used.items())]
+
+
 def row_lines(stages: dict) -> list[str]:
-    return row_errors_line(stages) + row_retries_line(stages) + resumed_line(stages)
+    return row_errors_line(stages) + row_retries_line(stages) + resumed_line(stages) + endpoint_usage_line(stages)

@@ -54,6 +54,26 @@ def fault_barrier(stage: str) -> None:
         time.sleep(0.1)
 
 
+def write_usage(sampler, directory: str, filesystem, name: str) -> None:
+    """The worker's endpoint totals so far (`usage_totals`) as ``directory/name``, whole or not at
+    all (a local file is written aside and renamed; an object store writes an object whole)."""
+    from leakray.models.endpoint_sampler import usage_totals
+
+    totals = usage_totals(sampler)
+    if totals is None:
+        return
+    data = json.dumps(totals).encode()
+    if filesystem is None:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        tmp = Path(directory) / f".{name}.tmp"
+        tmp.write_bytes(data)
+        tmp.replace(Path(directory) / name)
+        return
+    filesystem.create_dir(directory, recursive=True)
+    with filesystem.open_output_stream(f"{directory}/{name}") as fh:
+        fh.write(data)
+
+
 # Where a collection's time goes, per row: model loads (attributed to the first batch a worker
 # takes), the k samples, the reference's scores (under the model and the reference models), the
 # extra passes (upper case, AdvPrompt variants, probes), the sandbox, CodeBLEU and the expert
@@ -134,7 +154,13 @@ class SampleStage:
     """k completions per prompt with perplexities, the reference's per-token scores under the
     model (and a reference model), and the optional extra passes of `ExtraColumns`."""
 
-    def __init__(self, model_path: str, sample: SampleConfig, extra: ExtraColumns | None = None):
+    usage_to: tuple[str, object] | None = None  # see __init__
+
+    def __init__(self, model_path: str, sample: SampleConfig, extra: ExtraColumns | None = None,
+                 usage_to: tuple[str, object] | None = None):
+        """``usage_to``: (directory, pyarrow filesystem or None for a local one) where this worker
+        keeps what its endpoint sampler was asked for, one file per worker rewritten after each
+        batch (`write_usage`); the stage adds them up (`protocols.collection.endpoint_usage`)."""
         from dataclasses import replace
 
         from leakray.models.backends import make_sampler
@@ -149,6 +175,7 @@ class SampleStage:
         if self.extra.alt_reference_model:
             self.alt_sampler = make_sampler(self.extra.alt_reference_model, replace(sample, backend="hf"))
         self._load_s = time.perf_counter() - t0  # reported with the first batch this worker takes
+        self.usage_to, self._usage_name = usage_to, f"{os.getpid()}-{time.time_ns()}.json"
         self.kind_seconds: Counter = Counter()  # batched generation seconds by kind (sample, upper, adv, probes)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -178,6 +205,8 @@ class SampleStage:
             spent["load"] = [load / len(rows)] * len(rows)
         # every batch gets the same columns (a failed row's are null), even one whose rows all failed
         out = _with(batch, {name: [row.get(name) for row in rows] for name in self._columns(adv is not None)})
+        if self.usage_to is not None:
+            write_usage(self.sampler, *self.usage_to, self._usage_name)
         return _add_part_seconds(out, spent)
 
     def _prefetch(self, prompts, refs, langs, keys, adv, tests) -> list[dict] | None:
@@ -634,11 +663,13 @@ def embed_device(cfg: CollectConfig) -> str:
     return "cuda" if placed.gpus else "cpu"
 
 
-def collect_steps(model_path: str, cfg: CollectConfig) -> list[BatchStep]:
+def collect_steps(model_path: str, cfg: CollectConfig, usage_to: tuple[str, object] | None = None
+                  ) -> list[BatchStep]:
     """The collection as batch steps: sample -> execute -> score -> embed, or, with
-    ``embed_with_sampler``, (sample + embed) -> execute -> score."""
-    sample = BatchStep(SampleStage, {"model_path": model_path, "sample": cfg.sample, "extra": cfg.extra},
-                       cfg.sample_resources)
+    ``embed_with_sampler``, (sample + embed) -> execute -> score. ``usage_to``: where the
+    samplers keep what they asked an endpoint for (`SampleStage`)."""
+    sample = BatchStep(SampleStage, {"model_path": model_path, "sample": cfg.sample, "extra": cfg.extra,
+                                     "usage_to": usage_to}, cfg.sample_resources)
     embed = BatchStep(EmbedStage, {"model": cfg.embed_model, "max_tokens": cfg.embed_max_tokens,
                                    "stride": cfg.embed_stride, "batch_size": cfg.embed_batch_size,
                                    "device": embed_device(cfg)}, cfg.embed_resources)
