@@ -266,3 +266,22 @@ def test_screen_writes_its_outputs_to_s3(s3_uri, tmp_path):
     files = s3_files(uri)
     assert "summary.json" in files, files
     assert summary["benchmarks"]["humaneval"]["n_samples"] == 1
+
+
+def test_a_mirrored_runs_kept_rows_are_read_where_the_workers_wrote_them(tmp_path):
+    """A killed collection of a run on a URI: its workers wrote their part files to the URI
+    (`shared_dir`), so the next attempt, from any node, reads them back from there; of their rows,
+    those that went through."""
+    from leakray.protocols.collection import kept_rows
+    from leakray.schema import C
+
+    store = RunStore(f"file://{tmp_path / 'shared'}", "run-a")
+    kept = store.local / "collect" / "kept" / "k1"
+    kept.mkdir(parents=True)
+    parts, filesystem = shared_dir(kept / "attempt-1" / "parts")
+    assert filesystem is not None and str(tmp_path / "shared") in parts
+    filesystem.create_dir(parts, recursive=True)
+    pq.write_table(pa.table({C.TASK_ID: ["t/0", "t/1"], C.NOTES: [[], ["failed:endpoint_failed:http_503"]]}),
+                   f"{parts}/0.parquet", filesystem=filesystem)
+    assert not list(kept.rglob("*.parquet"))  # nothing of it on this node
+    assert kept_rows(kept).column(C.TASK_ID).to_pylist() == ["t/0"]
