@@ -310,6 +310,7 @@ def test_the_page_says_what_happened_to_the_rows_as_report_md_does():
     assert "(sample.row_retries): collect_target 3, of which 1 went through" in page
     assert "read back from a killed attempt of the stage (not collected again): collect_target 120 of 164" in page
     assert ("Asked of the endpoint (every attempt of the stage; a batch a kill cut short is left out): collect_target "
-            "23,456 requests (67 of them retries), 1,234,567 prompt and 89,012 generated tokens") in page
+            "23,456 requests (67 of them retries, 143.0 requests per task), 1,234,567 prompt and 89,012 generated "
+            "tokens") in page
     assert "<script>window.__pwned" not in page  # a reason is text, escaped
     assert "Row errors" not in rh.render_audit({"stages": {"collect_target": {"errors": {}}}}, [])

@@ -34,18 +34,21 @@ def resumed_line(stages: dict) -> list[str]:
 def endpoint_usage_line(stages: dict) -> list[str]:
     """What each collection through an endpoint asked it for (`protocols.collection.endpoint_usage`):
     on a hosted API, what the audit was billed for."""
-    used = {name: st["endpoint_usage"] for name, st in stages.items() if st.get("endpoint_usage")}
+    used = {name: st for name, st in stages.items() if st.get("endpoint_usage")}
     if not used:
         return []
 
-    def one(name: str, u: dict) -> str:
+    def one(name: str, st: dict) -> str:
+        u, tasks = st["endpoint_usage"], st.get("rows_in")
         tokens = (f", {u.get('prompt_tokens', 0):,} prompt and {u.get('completion_tokens', 0):,} generated tokens "
                   "as its answers counted them" if u.get("prompt_tokens") or u.get("completion_tokens")
                   else ", its answers counted no tokens")
-        return f"{name} {u.get('requests', 0):,} requests ({u.get('retries', 0):,} of them retries){tokens}"
+        # per task: what another benchmark of n tasks would cost with the same settings
+        each = f", {u.get('requests', 0) / tasks:.1f} requests per task" if tasks else ""
+        return f"{name} {u.get('requests', 0):,} requests ({u.get('retries', 0):,} of them retries{each}){tokens}"
 
     return ["", "Asked of the endpoint (every attempt of the stage; a batch a kill cut short is left out): "
-            + "; ".join(one(name, u) for name, u in used.items())]
+            + "; ".join(one(name, st) for name, st in used.items())]
 
 
 def row_lines(stages: dict) -> list[str]:
