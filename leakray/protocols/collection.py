@@ -44,7 +44,7 @@ def collect(table: pa.Table, model_path: str, cfg: CollectConfig, *, engine: str
     steps = collect_steps(model_path, cfg, usage_to)
     earlier = kept_rows(kept) if kept is not None else None
     where = out_dir if kept is None else kept / f"attempt-{time.time_ns()}"
-    parts, todo = [], table
+    parts, todo, done = [], table, pa.array([], pa.string())
     if earlier is not None:
         done = pa.array(sorted(set(earlier.column(C.TASK_ID).to_pylist())), pa.string())
         todo = table.filter(pc.invert(pc.is_in(table.column(C.TASK_ID), done)))
@@ -73,7 +73,7 @@ def collect(table: pa.Table, model_path: str, cfg: CollectConfig, *, engine: str
     if retried is not None:
         retried.update(rows=len(tried), recovered=len(tried & set(out.column(C.TASK_ID).to_pylist())))
         if earlier is not None:
-            retried["resumed"] = len(set(earlier.column(C.TASK_ID).to_pylist()))
+            retried["resumed"] = len(done)
         usage = endpoint_usage(*usage_to) if usage_to is not None else None
         if usage:
             retried["endpoint_usage"] = usage
@@ -97,7 +97,7 @@ def endpoint_usage(directory: str, filesystem) -> dict | None:
     totals, workers = Counter(), 0
     for info in filesystem.get_file_info(pafs.FileSelector(directory, allow_not_found=True)):
         name = info.path.rsplit("/", 1)[-1]
-        if info.type != pafs.FileType.File or not name.endswith(".json") or name.startswith("."):
+        if info.type != pafs.FileType.File or not name.endswith(".json"):  # not a write in progress
             continue
         with filesystem.open_input_stream(info.path) as fh:
             totals.update(json.loads(fh.read()))

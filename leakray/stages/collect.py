@@ -58,20 +58,18 @@ def write_usage(sampler, directory: str, filesystem, name: str) -> None:
     """The worker's endpoint totals so far (`usage_totals`) as ``directory/name``, whole or not at
     all (a local file is written aside and renamed; an object store writes an object whole)."""
     from leakray.models.endpoint_sampler import usage_totals
+    from leakray.runs import write_json_atomic
 
     totals = usage_totals(sampler)
     if totals is None:
         return
-    data = json.dumps(totals).encode()
     if filesystem is None:
         Path(directory).mkdir(parents=True, exist_ok=True)
-        tmp = Path(directory) / f".{name}.tmp"
-        tmp.write_bytes(data)
-        tmp.replace(Path(directory) / name)
+        write_json_atomic(Path(directory) / name, totals)
         return
     filesystem.create_dir(directory, recursive=True)
     with filesystem.open_output_stream(f"{directory}/{name}") as fh:
-        fh.write(data)
+        fh.write(json.dumps(totals).encode())
 
 
 # Where a collection's time goes, per row: model loads (attributed to the first batch a worker
