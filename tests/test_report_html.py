@@ -314,3 +314,21 @@ def test_the_page_says_what_happened_to_the_rows_as_report_md_does():
             "tokens") in page
     assert "<script>window.__pwned" not in page  # a reason is text, escaped
     assert "Row errors" not in rh.render_audit({"stages": {"collect_target": {"errors": {}}}}, [])
+
+
+def test_the_simulate_page_says_what_happened_to_the_rows_too(tmp_path):
+    """A simulate run's page names rows failed, tried again and read back after a kill, as its
+    report.md does (before, only the audit's page said it)."""
+    run = _sim_run(tmp_path)
+    report = json.loads((run / "report.json").read_text())
+    report["stages"] = {"collect_shadow": {"errors": {}, "rows_in": 82},
+                        "collect_target": {"errors": {"failed:sample_error:RuntimeError": 1}, "rows_in": 82,
+                                           "row_retries": {"rows": 2, "recovered": 2}, "resumed_rows": 40}}
+    (run / "report.json").write_text(json.dumps(report))
+    page = rh.write_simulate_html(run).read_text()
+    assert "Row errors by stage: collect_target {&#x27;failed:sample_error:RuntimeError&#x27;: 1}" in page
+    assert "(sample.row_retries): collect_target 2, of which 2 went through" in page
+    assert "(not collected again): collect_target 40 of 82" in page
+    report["stages"] = {"collect_target": {"errors": {}, "rows_in": 82}}
+    (run / "report.json").write_text(json.dumps(report))
+    assert "Row errors" not in rh.write_simulate_html(run).read_text()  # nothing happened: no line

@@ -534,6 +534,9 @@ def render_simulate(report: Mapping, scores) -> str:
         f"<h1>{escape(title)}</h1><p class='meta'>run {fmt(report.get('run'))} · {fmt(report.get('protocol'))}</p>",
         "<h2>Detectors on the target (median over seeds)</h2>", _table(SIM_COLUMNS, rows, tid="detectors"),
         _skipped(report),
+        # what happened to the rows (failed or degraded, tried again, read back after a kill), as report.md says
+        *(f'<p class="note">{escape(line.replace("`", ""))}</p>' for line in row_lines(report.get("stages") or {})
+          if line),
         '<p class="note">Every number, per seed: report.json; the same in short: report.md.</p>',
         "<h2>Plots</h2>",
         '<div class="plots">' + "".join(figs) + "</div>" if figs else "<p class='note'>No scores.</p>",
