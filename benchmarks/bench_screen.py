@@ -137,7 +137,9 @@ def bench_readers(index, ids, docs) -> None:
     """Each reader on the same code, from disk, reading included."""
     import gzip
     import json
+    import tarfile
     import tempfile
+    import zipfile
 
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -185,8 +187,15 @@ def bench_readers(index, ids, docs) -> None:
         pq.write_table(table, root / "s.parquet")
         with pa.OSFile(str(root / "s.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
             w.write_table(table)
+        # the code files as one repository tarball and one zip (each member read as the file it is)
+        with tarfile.open(root / "repo.tar.gz", "w:gz") as tf:
+            tf.add(code, arcname="repo")
+        with zipfile.ZipFile(root / "repo.zip", "w", zipfile.ZIP_DEFLATED) as zf:
+            for p in sorted(code.iterdir()):
+                zf.write(p, f"repo/{p.name}")
         for name, f in (("JSONL shard", "s.jsonl"), ("JSONL .gz shard", "s.jsonl.gz"), ("JSONL .zst shard", "s.jsonl.zst"),
-                        ("JSON array (.json)", "s.json"), ("parquet shard", "s.parquet"), ("Arrow shard", "s.arrow")):
+                        ("JSON array (.json)", "s.json"), ("parquet shard", "s.parquet"), ("Arrow shard", "s.arrow"),
+                        ("code in a .tar.gz", "repo.tar.gz"), ("code in a .zip", "repo.zip")):
             forms[name] = [str(root / f)]
         print(f"\nreaders, the same {len(docs)} code documents ({mb:.1f} MB) in each form, from disk "
               f"(CPU s; documents/s and MB/s per core; reading, parsing and the full screen included):")

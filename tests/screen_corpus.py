@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import io
+import itertools
 import json
 import os
 import random
+import re
 import sysconfig
+import tarfile
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +28,8 @@ import pyarrow.parquet as pq
 
 FORMS = ("jsonl_copy", "json_array", "markdown", "notebook", "escaped", "solution_only", "tests_only",
          "parquet", "gz_shard", "zst_shard", "arrow", "sniffed")
+# forms added later: their tasks are drawn after the forms above drew theirs, so those stay the same
+LATER_FORMS = ("tarball", "zip_archive")
 TASKS_PER_FORM = 4
 
 
@@ -67,6 +74,25 @@ def unrelated_sources(n: int, seed: int = 0, max_bytes: int = 200_000) -> list[P
     return paths[:n]
 
 
+def near_twins(recs: list[dict]) -> set[str]:
+    """HumanEval's tasks that nearly repeat another of its tasks (56 and 61 are one task with
+    another bracket; 40 and 43, triples and pairs summing to zero; 0 and 20 share a solution):
+    a copy of one is a copy of the other, so neither can be planted as a copy of itself alone.
+    Word 5-grams: half of the smaller prompt or solution in the other, or three quarters of the
+    smaller tests (tests share their boilerplate)."""
+    def grams(text: str) -> set[tuple[str, ...]]:
+        words = re.findall(r"\w+|[^\w\s]", text)
+        return {tuple(words[i:i + 5]) for i in range(len(words) - 4)}
+
+    parts = {r["task_id"]: [grams(r["prompt"]), grams(r["canonical_solution"]), grams(r["test"])] for r in recs}
+    twins = set()
+    for a, b in itertools.combinations(parts, 2):
+        for need, ga, gb in zip((0.5, 0.5, 0.75), parts[a], parts[b]):
+            if ga and gb and len(ga & gb) >= need * min(len(ga), len(gb)):
+                twins |= {a, b}
+    return twins
+
+
 def build(root: Path, n_unrelated: int = 60, seed: int = 0) -> Planted:
     recs = humaneval_records()
     rng = random.Random(seed)
@@ -75,13 +101,18 @@ def build(root: Path, n_unrelated: int = 60, seed: int = 0) -> Planted:
     pool = by_len[: len(FORMS) * TASKS_PER_FORM * 2]  # long solutions: the solution part is screenable
     rng.shuffle(pool)
     planted, spare = pool[: len(FORMS) * TASKS_PER_FORM], pool[len(FORMS) * TASKS_PER_FORM:]
+    # the later forms' tasks: the next longest, none a near twin of another HumanEval task (a copy
+    # of it would be a true pair of both)
+    twins = near_twins(recs)
+    later = [r for r in by_len[len(pool):] if r["task_id"] not in twins][: len(LATER_FORMS) * TASKS_PER_FORM]
     bench = root / "bench" / "HumanEval.jsonl"
     bench.parent.mkdir(parents=True)
-    bench.write_text("".join(json.dumps(r) + "\n" for r in planted + spare))
+    bench.write_text("".join(json.dumps(r) + "\n" for r in planted + later + spare))
     corpus = root / "corpus"
     corpus.mkdir()
-    out = Planted(root=corpus, benchmark=bench, tasks=planted + spare)
+    out = Planted(root=corpus, benchmark=bench, tasks=planted + later + spare)
     groups = {form: planted[i * TASKS_PER_FORM:(i + 1) * TASKS_PER_FORM] for i, form in enumerate(FORMS)}
+    groups |= {form: later[i * TASKS_PER_FORM:(i + 1) * TASKS_PER_FORM] for i, form in enumerate(LATER_FORMS)}
 
     def add(form, rec, parts, path):
         out.copies.setdefault(form, set()).update((rec["task_id"], p, str(path)) for p in parts)
@@ -173,6 +204,27 @@ def build(root: Path, n_unrelated: int = 60, seed: int = 0) -> Planted:
         p.parent.mkdir(exist_ok=True)
         p.write_text(r["prompt"] + r["canonical_solution"])
         add("sniffed", r, ("prompt", "solution"), p)
+    # a release tarball: one module per task among a README and a logo (a member skipped as binary)
+    p = corpus / "releases" / "project-1.0.tar.gz"
+    p.parent.mkdir()
+    with tarfile.open(p, "w:gz") as tf:
+        files = {f"project-1.0/pkg/{r['entry_point']}.py": r["prompt"] + r["canonical_solution"]
+                 for r in groups["tarball"]}
+        files["project-1.0/README.md"] = "# project\n\nSolutions to a few exercises.\n"
+        for name, text in {**files, "project-1.0/logo.png": "\x00PNG"}.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    for r in groups["tarball"]:
+        add("tarball", r, ("prompt", "solution"), f"{p}!project-1.0/pkg/{r['entry_point']}.py")
+    # a download: a zip holding a JSONL copy of the tasks, tests included
+    p = corpus / "downloads" / "eval-data.zip"
+    p.parent.mkdir()
+    with zipfile.ZipFile(p, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("eval-data/tasks.jsonl", "".join(json.dumps(r) + "\n" for r in groups["zip_archive"]))
+    for r in groups["zip_archive"]:
+        add("zip_archive", r, ("prompt", "solution", "tests"), f"{p}!eval-data/tasks.jsonl")
     # unrelated code, and files that must be accounted for as skipped
     for i, src in enumerate(unrelated_sources(n_unrelated, seed)):
         p = corpus / "vendor" / f"{i:03d}_{src.name}"

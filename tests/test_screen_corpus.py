@@ -310,3 +310,105 @@ def test_unknown_extensions_are_sniffed(tmp_path):
         _read(tmp_path / "b.weird")
     pieces, _ = _read(tmp_path / "c")
     assert pieces[0].key == "" and pieces[0].record is None
+
+
+def _tar(path: Path, files: dict[str, bytes], mode: str = "w:gz", links: dict[str, str] | None = None) -> Path:
+    import io
+    import tarfile
+
+    with tarfile.open(path, mode) as tf:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        for name, target in (links or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tf.addfile(info)
+    return path
+
+
+def _zip(files: dict[str, bytes]) -> bytes:
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+CODE = b"def long_function_name(values):\n    return sorted(set(values))[::-1]\n"
+
+
+def test_archives_are_read_member_by_member_as_the_files_they_hold(tmp_path):
+    """A repository tarball and a zip: each member read by its own format (code, JSONL, a notebook,
+    a member's own compression, an archive inside), every member not screened counted with its
+    reason under the archive's name, none written to disk."""
+    nb = json.dumps({"cells": [{"cell_type": "code", "source": CODE.decode(), "outputs": []}]}).encode()
+    members = {"repo/src/a.py": CODE, "repo/data/train.jsonl": b'{"text": "first record, long enough"}\n'
+               b'{"text": "second record, long enough"}\n', "repo/nb/n.ipynb": nb,
+               "repo/src/b.py.gz": gzip.compress(CODE), "repo/logo.png": b"\x89PNG" + bytes(range(256)),
+               "repo/empty.py": b"", "repo/vendor.zip": _zip({"inner/c.py": CODE}),
+               "repo/big.py": b"x = 1\n" * 100}
+    tar = _tar(tmp_path / "repo.tar.gz", members, links={"repo/link.py": "src/a.py"})
+    pieces, counts = _read(tar, max_text=400)
+    got = {(x.file.split("!", 1)[1], x.record, x.key, x.reason) for x in pieces}
+    assert got == {("repo/src/a.py", None, "", None), ("repo/data/train.jsonl", 1, "text", None),
+                   ("repo/data/train.jsonl", 2, "text", None), ("repo/nb/n.ipynb", None, "cells[0].source", None),
+                   ("repo/src/b.py.gz", None, "", None), ("repo/logo.png", None, "", "binary"),
+                   ("repo/empty.py", None, "", "empty"), ("repo/vendor.zip!inner/c.py", None, "", None),
+                   ("repo/big.py", None, "", "huge"), ("repo/link.py", None, "", "link")}
+    assert all(x.file.startswith(f"{tar}!") for x in pieces)
+    assert {x.data for x in pieces if x.file.endswith((".py", ".py.gz"))} == {CODE, None}
+    # the same members in a zip, and the tar uncompressed, read the same
+    (tmp_path / "repo.zip").write_bytes(_zip(members))
+    z, _ = _read(tmp_path / "repo.zip", max_text=400)
+    plain, _ = _read(_tar(tmp_path / "repo.tar", members, mode="w"), max_text=400)
+    strip = lambda ps: {(x.file.split("!", 1)[1], x.key, x.reason) for x in ps}  # noqa: E731
+    assert strip(z) == strip(plain) == strip(pieces) - {("repo/link.py", "", "link")}
+    # an archive nested deeper than MAX_ARCHIVE_DEPTH is counted, not opened
+    deep = CODE
+    for level in range(4):
+        deep = _zip({f"l{level}.zip" if level else "c.py": deep})
+    (tmp_path / "deep.zip").write_bytes(deep)
+    (piece,) = _read(tmp_path / "deep.zip")[0]
+    assert piece.reason == "nested_too_deep" and piece.file.count("!") == 3
+
+
+def test_a_broken_archive_keeps_what_it_gave_and_counts_the_rest(tmp_path):
+    data = _tar(tmp_path / "r.tar.gz", {f"src/m{i}.py": CODE.replace(b"values", f"values{i}".encode())
+                                        for i in range(40)}).read_bytes()
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(data[: len(data) // 2])
+    (tmp_path / "junk.zip").write_bytes(b"PK\x03\x04 not a zip at all")
+    index = BenchmarkIndex(ScreenConfig(), ["x = 1"])
+    _, st = BatchScreener(index, "files")({"path": [str(cut), str(tmp_path / "junk.zip")]})
+    assert st["files_in"] == 2 and st["files_truncated"] == 1 and st["files_skipped:unreadable"] == 1
+    assert 0 < st["documents"] < 40
+
+
+@pytest.mark.parametrize("mode", ["w:bz2", "w:xz", "zst"])
+def test_every_compression_of_a_tarball_reads_the_same(tmp_path, mode):
+    files = {"p/a.py": CODE, "p/b.md": b"# Notes\n\n```python\n" + CODE + b"```\n"}
+    if mode == "zst":
+        raw = _tar(tmp_path / "p.tar", files, mode="w").read_bytes()
+        path = tmp_path / "p.tar.zst"
+        path.write_bytes(pa.compress(raw, codec="zstd", asbytes=True))
+    else:
+        path = _tar(tmp_path / f"p.tar.{mode[2:]}", files, mode=mode)
+    pieces, counts = _read(path)
+    assert {(x.file.split("!", 1)[1], x.key) for x in pieces} == {("p/a.py", ""), ("p/b.md", "fence[0] python"),
+                                                                     ("p/b.md", "text")}
+    assert counts["documents"] == 2
+
+
+def test_a_broken_member_is_counted_and_the_others_are_read(tmp_path):
+    data = bytearray(_zip({"a/first.py": CODE * 20, "a/second.py": CODE}))
+    start = data.index(b"a/first.py") + len(b"a/first.py")  # the first member's deflated bytes follow its name
+    data[start + 10:start + 40] = bytes(30)
+    (tmp_path / "z.zip").write_bytes(bytes(data))
+    pieces, _ = _read(tmp_path / "z.zip")
+    assert [(x.file.rsplit("!", 1)[1], x.reason) for x in pieces] == [("a/first.py", "unreadable"),
+                                                                       ("a/second.py", None)]

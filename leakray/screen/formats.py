@@ -4,7 +4,8 @@ sniffing its first bytes; and opening a file through its compression.
 Formats: ``code`` (one text per file), ``text`` (the same, for prose), ``markdown`` (fenced
 blocks and the prose around them), ``notebook`` (cells), ``json`` (every string of a document),
 ``jsonl`` (every string of every line, streamed), ``parquet`` / ``arrow`` (string columns,
-streamed), ``binary`` (skipped by extension, not read), ``unknown`` (sniffed when read).
+streamed), ``tar`` / ``zip`` (archives: each member read as the file it holds, `archives.py`),
+``binary`` (skipped by extension, not read), ``unknown`` (sniffed when read).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ TEXT_EXTENSIONS = frozenset(
     ".diff .patch .in .conf .properties .gradle .cmake .mk .dockerfile .svg".split())
 MARKDOWN_EXTENSIONS = frozenset(".md .markdown .mdx .rmd .qmd".split())
 BINARY_EXTENSIONS = frozenset(
-    ".png .jpg .jpeg .gif .bmp .ico .webp .tif .tiff .pdf .zip .tar .tgz .7z .rar .whl .egg .so .dll .dylib .exe "
+    ".png .jpg .jpeg .gif .bmp .ico .webp .tif .tiff .pdf .7z .rar .whl .egg .so .dll .dylib .exe "
     ".bin .pyc .pyo .pyd .class .jar .o .a .lib .obj .woff .woff2 .ttf .otf .eot .mp3 .mp4 .wav .ogg .flac .avi "
     ".mov .mkv .npy .npz .pkl .pickle .pt .pth .ckpt .safetensors .h5 .hdf5 .onnx .db .sqlite .sqlite3 .xlsx .xls "
     ".docx .doc .pptx .ppt .odt .dat .idx .pack".split())
@@ -33,10 +34,14 @@ BY_EXTENSION = {
     **{e: "code" for e in CODE_EXTENSIONS}, **{e: "text" for e in TEXT_EXTENSIONS},
     **{e: "markdown" for e in MARKDOWN_EXTENSIONS}, **{e: "binary" for e in BINARY_EXTENSIONS},
     ".ipynb": "notebook", ".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl", ".jsonlines": "jsonl",
-    ".parquet": "parquet", ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow",
+    ".parquet": "parquet", ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow", ".tar": "tar", ".zip": "zip",
 }
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
-STREAMED = frozenset({"jsonl", "parquet", "arrow"})  # read record by record: no whole-file size limit
+# a tar under its compression's short name (a repository's release tarball: .tgz)
+TAR_SHORTHANDS = {".tgz": "gzip", ".taz": "gzip", ".tbz": "bz2", ".tbz2": "bz2", ".txz": "xz", ".tzst": "zstd"}
+ARCHIVES = frozenset({"tar", "zip"})
+# read record by record, or member by member: no whole-file size limit
+STREAMED = frozenset({"jsonl", "parquet", "arrow"}) | ARCHIVES
 WHOLE_TEXT = frozenset({"code", "text", "markdown"})  # one read of the file, up to max_file_bytes
 SNIFF_BYTES = 8192
 
@@ -45,6 +50,8 @@ def detect(path: str) -> tuple[str, str | None]:
     """(format, compression) from the file name alone."""
     name = os.path.basename(path).lower()
     stem, ext = os.path.splitext(name)
+    if ext in TAR_SHORTHANDS:
+        return "tar", TAR_SHORTHANDS[ext]
     compression = COMPRESSIONS.get(ext)
     if compression:
         stem, ext = os.path.splitext(stem)
@@ -74,10 +81,11 @@ def sniff(head: bytes) -> str:
     return "text"
 
 
-def open_binary(path: str, compression: str | None):
-    """A binary file object over the decompressed bytes."""
+def open_binary(path, compression: str | None):
+    """A binary file object over the decompressed bytes of a file (a path, or a binary file
+    object: an archive's member held in memory)."""
     if compression is None:
-        return open(path, "rb")
+        return open(path, "rb") if isinstance(path, (str, os.PathLike)) else path
     if compression == "gzip":
         return gzip.open(path, "rb")
     if compression == "bz2":
@@ -86,7 +94,8 @@ def open_binary(path: str, compression: str | None):
         return lzma.open(path, "rb")
     import pyarrow as pa  # zstd through pyarrow's codec: no extra dependency
 
-    return pa.input_stream(path, compression="zstd")
+    return pa.input_stream(path if isinstance(path, (str, os.PathLike)) else pa.PythonFile(path, mode="r"),
+                           compression="zstd")
 
 
 def read_bounded(path: str, compression: str | None, limit: int) -> bytes:

@@ -9,19 +9,29 @@ parquet / Arrow shard) in ``counts["documents"]``.
 Structured files are read for every string they hold, not one configured field: JSON and
 JSONL by walking every value (key path kept), notebooks cell by cell, markdown as its fenced
 blocks plus the prose around them, parquet and Arrow by their text-like string columns.
+Archives (tar, zip) member by member, each member read as the file it holds (its pieces name
+it ``archive!member``), archives inside archives too, up to `MAX_ARCHIVE_DEPTH`.
 """
 
 from __future__ import annotations
 
 import functools
+import io
 import json
+import lzma
 import re
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+import pyarrow as pa
 
 from leakray.screen import formats as F
 
 SNIFF_MIN_CHARS = 32  # a sniffed parquet/Arrow string column is screened if its values average this long
+MAX_ARCHIVE_DEPTH = 3  # an archive in an archive in an archive is read; one more level is counted, not read
+# a file or stream that breaks (mid-file too): OS, gzip/bz2 (OSError, EOFError), zlib, xz, JSON, pyarrow
+READ_ERRORS = (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError, pa.ArrowException)
 BATCH_ROWS = 512
 FENCE_RE = re.compile(rb"^ {0,3}(`{3,}|~{3,})([^\n]*)$", re.M)
 
@@ -81,25 +91,102 @@ class Reader:
             yield from self._whole(path, compression, counts)
         elif fmt in ("jsonl", "parquet", "arrow"):
             yield from getattr(self, "_" + fmt)(path, compression, counts)
+        elif fmt in F.ARCHIVES:
+            yield from self._archive(path, fmt, compression, counts)
         else:  # json, notebook, markdown, unknown: one bounded read, then parse (or sniff)
-            limit = self.max_text if fmt == "markdown" else self.max_parse
+            limit = self._limit(fmt)
             try:
                 data = F.read_bounded(path, compression, limit)
             except (OSError, EOFError, ValueError) as exc:
                 raise Skip("unreadable") from exc
             if len(data) > limit:
                 raise Skip("huge")
-            if fmt == "unknown":
-                fmt = F.sniff(data[:F.SNIFF_BYTES])
-                if fmt == "binary":
-                    raise Skip("binary")
-                if fmt == "jsonl":
-                    yield from self._jsonl_lines(path, data.split(b"\n"), counts)
-                    return
-                if fmt == "text":
-                    yield from self._text(path, data, counts)
-                    return
+            yield from self._parsed(path, fmt, data, counts)
+
+    def _limit(self, fmt: str) -> int:
+        """The bytes a file of ``fmt`` may hold in memory: a text's limit, or a document's to parse."""
+        return self.max_text if fmt in F.WHOLE_TEXT else self.max_parse
+
+    def _parsed(self, path, fmt: str, data: bytes, counts) -> Iterator[Piece]:
+        """A file of ``fmt`` read whole into ``data`` (an unknown format sniffed from its first bytes)."""
+        if fmt == "unknown":
+            fmt = F.sniff(data[:F.SNIFF_BYTES])
+            if fmt == "binary":
+                raise Skip("binary")
+        if fmt in ("code", "text"):
+            yield from self._text(path, data, counts)
+        elif fmt == "jsonl":
+            yield from self._jsonl_lines(path, data.split(b"\n"), counts)
+        else:  # json, notebook, markdown
             yield from getattr(self, "_" + fmt)(path, data, counts)
+
+    # ------------------------------------------------------------------ archives
+
+    def _archive(self, path, fmt: str, compression, counts, source=None, depth: int = 1) -> Iterator[Piece]:
+        """Every member of a tar or zip as the file it holds. A member that cannot be screened
+        (binary, huge, a link, a nested archive too deep) is a piece with its reason, so the
+        summary counts it under texts; an archive that breaks midway keeps what it gave (the
+        screener counts the file truncated). ``source``: the archive's bytes, when it is itself
+        a member."""
+        from leakray.screen.archives import ARCHIVE_ERRORS, members
+
+        try:
+            if source is None and fmt == "zip" and compression is None:
+                fh = open(path, "rb")  # a zip seeks to its central directory
+            else:
+                fh = F.open_binary(path if source is None else io.BytesIO(source), compression)
+                if fmt == "zip":  # compressed, or a member: a zip needs to seek, so it is read into memory
+                    data = fh.read(self.max_parse + 1)
+                    fh.close()
+                    if len(data) > self.max_parse:
+                        raise Skip("huge")
+                    fh = io.BytesIO(data)
+        except (OSError, EOFError, ValueError) as exc:
+            raise Skip("unreadable") from exc
+        with fh:
+            try:
+                for m in members(fmt, fh):
+                    yield from self._member(f"{path}!{m.name}", m, counts, depth)
+            except READ_ERRORS + ARCHIVE_ERRORS as exc:
+                raise Skip("unreadable") from exc
+
+    def _member(self, ident: str, m, counts, depth: int) -> Iterator[Piece]:
+        from leakray.screen.archives import ARCHIVE_ERRORS
+
+        if m.kind != "file":
+            yield Piece(None, m.kind, ident)  # a link's target is another member, or outside the archive
+            return
+        fmt, compression = F.detect(m.name)
+        if fmt == "binary":
+            yield Piece(None, "binary", ident)
+            return
+        if fmt in F.ARCHIVES and depth >= MAX_ARCHIVE_DEPTH:
+            yield Piece(None, "nested_too_deep", ident)
+            return
+        limit = self.max_parse if fmt in F.STREAMED else self._limit(fmt)
+        if m.size == 0:
+            yield Piece(None, "empty", ident)
+            return
+        if m.size > limit:  # not read: its size is known from the archive's index (compressed: more unpacked)
+            yield Piece(None, "huge", ident)
+            return
+        try:
+            data = m.read(limit)
+            if compression is not None:
+                with F.open_binary(io.BytesIO(data), compression) as fh:
+                    data = fh.read(limit + 1)
+            if len(data) > limit:
+                raise Skip("huge")
+            if fmt in F.ARCHIVES:
+                yield from self._archive(ident, fmt, None, counts, source=data, depth=depth + 1)
+            elif fmt in ("parquet", "arrow"):
+                yield from getattr(self, "_" + fmt)(ident, None, counts, data=data)
+            else:
+                yield from self._parsed(ident, fmt, data, counts)
+        except Skip as exc:  # this member is unusable; the archive's other members are still read
+            yield Piece(None, exc.reason, ident)
+        except READ_ERRORS + ARCHIVE_ERRORS:  # this member's data is broken or encrypted: the others are read
+            yield Piece(None, "unreadable", ident)
 
     # ------------------------------------------------------------------ whole texts
 
@@ -234,11 +321,11 @@ class Reader:
 
     # ------------------------------------------------------------------ parquet, Arrow
 
-    def _parquet(self, path, compression, counts) -> Iterator[Piece]:
+    def _parquet(self, path, compression, counts, data: bytes | None = None) -> Iterator[Piece]:
         import pyarrow.parquet as pq
 
         try:
-            pf = pq.ParquetFile(_arrow_source(path, compression, self.max_parse))
+            pf = pq.ParquetFile(_arrow_source(path, compression, self.max_parse, data))
             cols = self._text_columns(pf.schema_arrow, lambda: next(pf.iter_batches(batch_size=64), None))
             batches = pf.iter_batches(batch_size=BATCH_ROWS, columns=cols)
         except Skip:
@@ -247,16 +334,14 @@ class Reader:
             raise Skip("unreadable") from exc
         yield from self._rows(path, cols, batches, counts)
 
-    def _arrow(self, path, compression, counts) -> Iterator[Piece]:
-        import pyarrow as pa
-
+    def _arrow(self, path, compression, counts, data: bytes | None = None) -> Iterator[Piece]:
         try:
-            source = _arrow_source(path, compression, self.max_parse)
+            source = _arrow_source(path, compression, self.max_parse, data)
             try:
                 reader = pa.ipc.open_file(source)
                 batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
             except pa.ArrowInvalid:  # the streaming format (Hugging Face datasets' cache files)
-                reader = pa.ipc.open_stream(_arrow_source(path, compression, self.max_parse))
+                reader = pa.ipc.open_stream(_arrow_source(path, compression, self.max_parse, data))
                 batches = iter(reader)
             first = []
             cols = self._text_columns(reader.schema, lambda: first.append(next(batches, None)) or first[0])
@@ -274,7 +359,6 @@ class Reader:
     def _text_columns(self, schema, first_batch) -> list[str]:
         """The columns named in the config that the shard has, else the string columns whose
         values in the first rows average SNIFF_MIN_CHARS or more (texts, not ids or licences)."""
-        import pyarrow as pa
         import pyarrow.compute as pc
 
         names = schema.names
@@ -322,11 +406,13 @@ def _joined(source) -> str:
     return source if isinstance(source, str) else ""
 
 
-def _arrow_source(path: str, compression: str | None, limit: int):
-    """A path pyarrow reads lazily, or (compressed) the decompressed bytes in memory."""
+def _arrow_source(path: str, compression: str | None, limit: int, data: bytes | None = None):
+    """A path pyarrow reads lazily, or (compressed, or an archive's member: ``data``) the
+    decompressed bytes in memory."""
+    if data is not None:
+        return pa.BufferReader(data)
     if compression is None:
         return path
-    import pyarrow as pa
 
     data = F.read_bounded(path, compression, limit)
     if len(data) > limit:

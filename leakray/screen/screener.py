@@ -10,28 +10,23 @@ documents (a file, or a record of a shard), texts (screened, skipped by reason),
 from __future__ import annotations
 
 import hashlib
-import lzma
 import time
-import zlib
 from collections import Counter
 
 import numpy as np
-import pyarrow as pa
 
 from leakray.screen.candidates import expand_matches
 from leakray.screen.corpus import EXAMPLES_PER_REASON
 from leakray.schema import P
 from leakray.screen.index import EPS, BenchmarkIndex
 from leakray.screen.minhash import estimate_jaccard
-from leakray.screen.readers import Piece, Reader, Skip, check_bytes
+from leakray.screen.readers import READ_ERRORS, Piece, Reader, Skip, check_bytes
 from leakray.screen.shingle import ShingleSets, TextGrams, token_sequence
 from leakray.screen.verify import Runs, aligned_span, intersections
 
 # keys of a worker's pair record beyond the P columns
 ENTRY = "entry"  # row of the index (driver maps it to benchmark, task_id, part, text)
 MAX_SHEET_CHARS = 100_000  # corpus text carried back for the labelling sheet
-# a file or stream that breaks (mid-file too): OS, gzip/bz2 (OSError, EOFError), zlib, xz, JSON, pyarrow
-READ_ERRORS = (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError, pa.ArrowException)
 
 
 class Stats(Counter):
