@@ -368,6 +368,13 @@ def test_archives_are_read_member_by_member_as_the_files_they_hold(tmp_path):
     plain, _ = _read(_tar(tmp_path / "repo.tar", members, mode="w"), max_text=400)
     strip = lambda ps: {(x.file.split("!", 1)[1], x.key, x.reason) for x in ps}  # noqa: E731
     assert strip(z) == strip(plain) == strip(pieces) - {("repo/link.py", "", "link")}
+    # a wheel and a sources jar are zips: their sources are read, a class file is skipped by name
+    (tmp_path / "pkg-1.0-py3-none-any.whl").write_bytes(_zip({"pkg/m.py": CODE, "pkg-1.0.dist-info/RECORD": b""}))
+    (tmp_path / "lib-sources.jar").write_bytes(_zip({"org/x/A.java": CODE, "org/x/A.class": b"\xca\xfe\xba\xbe"}))
+    assert [(x.file.rsplit("!", 1)[1], x.reason) for x in _read(tmp_path / "pkg-1.0-py3-none-any.whl")[0]] == \
+        [("pkg/m.py", None), ("pkg-1.0.dist-info/RECORD", "empty")]
+    assert [(x.file.rsplit("!", 1)[1], x.reason) for x in _read(tmp_path / "lib-sources.jar")[0]] == \
+        [("org/x/A.java", None), ("org/x/A.class", "binary")]
     # an archive nested deeper than MAX_ARCHIVE_DEPTH is counted, not opened
     deep = CODE
     for level in range(4):

@@ -26,7 +26,7 @@ TEXT_EXTENSIONS = frozenset(
     ".diff .patch .in .conf .properties .gradle .cmake .mk .dockerfile .svg".split())
 MARKDOWN_EXTENSIONS = frozenset(".md .markdown .mdx .rmd .qmd".split())
 BINARY_EXTENSIONS = frozenset(
-    ".png .jpg .jpeg .gif .bmp .ico .webp .tif .tiff .pdf .7z .rar .whl .egg .so .dll .dylib .exe "
+    ".png .jpg .jpeg .gif .bmp .ico .webp .tif .tiff .pdf .7z .rar .so .dll .dylib .exe "
     ".bin .pyc .pyo .pyd .class .jar .o .a .lib .obj .woff .woff2 .ttf .otf .eot .mp3 .mp4 .wav .ogg .flac .avi "
     ".mov .mkv .npy .npz .pkl .pickle .pt .pth .ckpt .safetensors .h5 .hdf5 .onnx .db .sqlite .sqlite3 .xlsx .xls "
     ".docx .doc .pptx .ppt .odt .dat .idx .pack".split())
@@ -35,6 +35,9 @@ BY_EXTENSION = {
     **{e: "markdown" for e in MARKDOWN_EXTENSIONS}, **{e: "binary" for e in BINARY_EXTENSIONS},
     ".ipynb": "notebook", ".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl", ".jsonlines": "jsonl",
     ".parquet": "parquet", ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow", ".tar": "tar", ".zip": "zip",
+    # zips by another name: a wheel or egg holds a package's sources, a jar its classes (skipped as
+    # binary members) and, for a -sources.jar, its Java sources
+    ".whl": "zip", ".egg": "zip", ".jar": "zip",
 }
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
 # a tar under its compression's short name (a repository's release tarball: .tgz)
