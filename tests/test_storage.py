@@ -268,6 +268,44 @@ def test_screen_writes_its_outputs_to_s3(s3_uri, tmp_path):
     assert summary["benchmarks"]["humaneval"]["n_samples"] == 1
 
 
+def test_a_corpus_in_s3_is_screened_where_it_is_as_on_disk(s3_uri, tmp_path):
+    """The planted corpus (every form: code, JSON, markdown, notebooks, parquet, Arrow, compressed
+    shards, a tarball and a zip) uploaded to S3 and screened there by URI, with a glob: the same
+    files, documents, texts and pairs as the same corpus on disk, each pair naming its object's URI."""
+    import sys
+    from urllib.parse import urlsplit
+
+    from leakray.protocols.screen import run_screen
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import screen_corpus as SC
+
+    planted = SC.build(tmp_path / "planted")
+    fs_, runs = pafs.FileSystem.from_uri(s3_uri)
+    bucket = runs.split("/", 1)[0]
+    pafs.copy_files(str(planted.root), f"{bucket}/corpus", destination_filesystem=fs_)
+    query = urlsplit(s3_uri).query
+    remote = f"s3://{bucket}/corpus/**?{query}"
+    bench = [("humaneval", str(planted.benchmark))]
+    on_disk = run_screen(bench, str(planted.root), str(tmp_path / "local"), engine="local", log=lambda m: None)
+    in_s3 = run_screen(bench, remote, str(tmp_path / "s3"), engine="local", log=lambda m: None)
+    for key in ("files", "documents", "texts"):
+        assert in_s3["corpus"][key] == on_disk["corpus"][key], key
+    assert in_s3["benchmarks"]["humaneval"]["leaked_task_ids"] == on_disk["benchmarks"]["humaneval"]["leaked_task_ids"]
+
+    def pairs(out, root):
+        rows = pq.read_table(tmp_path / out / "pairs.parquet").to_pylist()
+        return sorted((r["task_id"], r["field"], r["corpus_file"].replace(root, "ROOT"), r["corpus_key"],
+                       r["line_start"]) for r in rows)
+
+    got = pairs("s3", f"s3://{bucket}/corpus")
+    assert all(r[2].endswith(f"?{query}") or f"?{query}!" in r[2] for r in got)  # each object's own URI
+    assert [(*r[:2], r[2].replace(f"?{query}", ""), *r[3:]) for r in got] == pairs("local", str(planted.root))
+    assert len(got) > 100
+    with pytest.raises(BadInput, match="no corpus file matches"):
+        run_screen(bench, f"s3://{bucket}/nothing/**?{query}", str(tmp_path / "none"), engine="local")
+
+
 def test_a_mirrored_runs_kept_rows_are_read_where_the_workers_wrote_them(tmp_path):
     """A killed collection of a run on a URI: its workers wrote their part files to the URI
     (`shared_dir`), so the next attempt, from any node, reads them back from there; of their rows,

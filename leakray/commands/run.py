@@ -111,7 +111,8 @@ def register(sub) -> None:
                                           "(tiny, tiny-alt, an HF id or path)")
     p.add_argument("--reference-model", help="reference model, not the target's own checkpoint (default: auto)")
     p.add_argument("--card", help="reuse a detector card (leakray card build): no shadow fine-tuning")
-    p.add_argument("--corpus", help="screen the benchmark against this corpus (glob) and fuse the evidence")
+    p.add_argument("--corpus", help="screen the benchmark against this corpus (a path, glob or filesystem URI, as "
+                                            "for leakray screen) and fuse the evidence")
     p.add_argument("--control", metavar="NAME[=PATH]",
                    help="tasks of the benchmark's kind the target cannot have seen (written after its cutoff, a "
                         "private split): the control route measures the null on them")

@@ -50,9 +50,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a benchmark: NAME=PATH (any format the readers accept), a file (named for its stem), "
                         "or the name of one leakray has a copy of (humaneval); repeat for several")
     p.add_argument("--corpus", required=True, metavar="PATH_OR_GLOB",
-                   help="a directory (recursive), a file or a glob: code, text, markdown, notebooks, JSON, JSONL, "
-                        "parquet/Arrow shards, any of them .gz/.zst/.bz2/.xz; other files are sniffed, and "
-                        "every file is either screened or counted as skipped with its reason")
+                   help="a directory (recursive), a file or a glob, local or a pyarrow filesystem URI "
+                        "(s3://bucket/stack/**?endpoint_override=host:9000, gs://..., file:///...): code, text, "
+                        "markdown, notebooks, JSON, JSONL, parquet/Arrow shards, any of them .gz/.zst/.bz2/.xz, "
+                        "tar and zip archives member by member; other files are sniffed, and every file is "
+                        "either screened or counted as skipped with its reason")
     p.add_argument("--output", required=True, metavar="DIR",
                    help="run directory: a path, or a pyarrow filesystem URI (s3://bucket/prefix, file:///...)")
     p.add_argument("--threshold", type=float, default=0.7, help="Jaccard threshold (default 0.7)")

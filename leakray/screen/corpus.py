@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 
 from leakray.errors import BadInput
 from leakray.screen import formats as F
+from leakray.screen.locations import list_files
 from leakray.screen.readers import check_bytes
+from leakray.storage import is_uri
 
 EXAMPLES_PER_REASON = 5
 SHARD_BYTES = 8 << 20  # a file this big is read alone (one work item), not batched with small files
@@ -32,6 +34,7 @@ class CorpusPlan:
     skipped: Counter = field(default_factory=Counter)
     examples: dict[str, list[str]] = field(default_factory=dict)
     seen: set[str] = field(default_factory=set, repr=False)
+    mtimes: dict[str, int] = field(default_factory=dict, repr=False)  # a URI's, from its listing
 
     def skip(self, reason: str, ident: str) -> None:
         self.skipped[reason] += 1
@@ -45,7 +48,7 @@ class CorpusPlan:
 
     def fingerprint(self) -> list:
         """What identifies the corpus for the run key: paths, sizes, mtimes."""
-        return sorted((p, size, _mtime(p)) for p, size in self.files + self.shards)
+        return sorted((p, size, self.mtimes[p] if p in self.mtimes else _mtime(p)) for p, size in self.files + self.shards)
 
 
 def _mtime(p: str) -> int:
@@ -56,9 +59,15 @@ def _mtime(p: str) -> int:
 
 
 def plan_corpus(spec: str, max_file_bytes: int, max_parse_bytes: int | None = None) -> CorpusPlan:
-    """Resolve a directory (recursively), a single file, or a glob into the files to read.
-    Empty files, binary extensions and code/text files over max_file_bytes are skipped here."""
+    """Resolve a directory (recursively), a single file, or a glob into the files to read; the
+    same for a filesystem URI (`locations.list_files`). Empty files, binary extensions and
+    code/text files over max_file_bytes are skipped here."""
     plan = CorpusPlan()
+    if is_uri(spec):
+        for uri, size, mtime in list_files(spec):
+            plan.mtimes[uri] = mtime
+            _classify(plan, uri, size, max_file_bytes, max_parse_bytes or max_file_bytes)
+        return plan
     if os.path.isdir(spec) or os.path.isfile(spec):
         roots = [spec]
     else:
@@ -94,27 +103,40 @@ def _add(plan: CorpusPlan, path: str, max_bytes: int, max_parse: int) -> None:
     if real in plan.seen:  # a glob and a directory naming the same file, or a symlink: screen it once
         return
     plan.seen.add(real)
-    fmt, compression = F.detect(path)
-    plan.formats[fmt + (f"+{compression}" if compression else "")] += 1
     try:
         st = os.stat(path)
     except OSError:
+        plan.formats[_format_key(path)] += 1
         plan.skip("unreadable", path)
         return
     if not os.path.isfile(path):
+        plan.formats[_format_key(path)] += 1
         plan.skip("unreadable", path)  # a socket, a device, a dangling link
-    elif st.st_size == 0:
+        return
+    _classify(plan, path, st.st_size, max_bytes, max_parse)
+
+
+def _format_key(path: str) -> str:
+    fmt, compression = F.detect(path)
+    return fmt + (f"+{compression}" if compression else "")
+
+
+def _classify(plan: CorpusPlan, path: str, size: int, max_bytes: int, max_parse: int) -> None:
+    """A file that exists, by its name and size: skipped here, read in batches, or read alone."""
+    fmt, compression = F.detect(path)
+    plan.formats[_format_key(path)] += 1
+    if size == 0:
         plan.skip("empty", path)
     elif fmt == "binary":
         plan.skip("binary", path)
-    elif fmt in F.WHOLE_TEXT and compression is None and st.st_size > max_bytes:
+    elif fmt in F.WHOLE_TEXT and compression is None and size > max_bytes:
         plan.skip("huge", path)
-    elif fmt in ("json", "notebook") and compression is None and st.st_size > max_parse:
+    elif fmt in ("json", "notebook") and compression is None and size > max_parse:
         plan.skip("huge", path)
-    elif fmt in F.STREAMED or compression is not None or st.st_size > SHARD_BYTES:
-        plan.shards.append((path, st.st_size))
+    elif fmt in F.STREAMED or compression is not None or size > SHARD_BYTES:
+        plan.shards.append((path, size))
     else:
-        plan.files.append((path, st.st_size))
+        plan.files.append((path, size))
 
 
 def read_source_file(path: str, max_bytes: int) -> tuple[bytes | None, str | None]:

@@ -16,6 +16,9 @@ import json
 import lzma
 import os
 from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+from leakray.storage import is_uri
 
 CODE_EXTENSIONS = frozenset(
     ".py .pyi .pyx .pxd .java .js .jsx .mjs .cjs .ts .tsx .c .h .cc .cpp .cxx .hpp .hh .cs .go .rs .rb .php "
@@ -50,7 +53,9 @@ SNIFF_BYTES = 8192
 
 
 def detect(path: str) -> tuple[str, str | None]:
-    """(format, compression) from the file name alone."""
+    """(format, compression) from the file name alone (a URI's path, its query string left out)."""
+    if is_uri(path):
+        path = urlsplit(path).path
     name = os.path.basename(path).lower()
     stem, ext = os.path.splitext(name)
     if ext in TAR_SHORTHANDS:
@@ -85,8 +90,12 @@ def sniff(head: bytes) -> str:
 
 
 def open_binary(path, compression: str | None):
-    """A binary file object over the decompressed bytes of a file (a path, or a binary file
-    object: an archive's member held in memory)."""
+    """A binary file object over the decompressed bytes of a file (a path, a filesystem URI, or a
+    binary file object: an archive's member held in memory)."""
+    if isinstance(path, str) and is_uri(path):
+        from leakray.screen.locations import open_input
+
+        path = open_input(path)
     if compression is None:
         return open(path, "rb") if isinstance(path, (str, os.PathLike)) else path
     if compression == "gzip":

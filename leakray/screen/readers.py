@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from leakray.screen import formats as F
+from leakray.storage import is_uri
 
 SNIFF_MIN_CHARS = 32  # a sniffed parquet/Arrow string column is screened if its values average this long
 MAX_ARCHIVE_DEPTH = 3  # an archive in an archive in an archive is read; one more level is counted, not read
@@ -129,10 +130,11 @@ class Reader:
         screener counts the file truncated). ``source``: the archive's bytes, when it is itself
         a member."""
         from leakray.screen.archives import ARCHIVE_ERRORS, members
+        from leakray.screen.locations import open_input
 
         try:
             if source is None and fmt == "zip" and compression is None:
-                fh = open(path, "rb")  # a zip seeks to its central directory
+                fh = open_input(path, seekable=True, whole_below=self.max_parse)  # a zip seeks to its directory
             else:
                 fh = F.open_binary(path if source is None else io.BytesIO(source), compression)
                 if fmt == "zip":  # compressed, or a member: a zip needs to seek, so it is read into memory
@@ -412,7 +414,9 @@ def _arrow_source(path: str, compression: str | None, limit: int, data: bytes | 
     if data is not None:
         return pa.BufferReader(data)
     if compression is None:
-        return path
+        from leakray.screen.locations import open_input
+
+        return open_input(path, seekable=True) if is_uri(path) else path
 
     data = F.read_bounded(path, compression, limit)
     if len(data) > limit:
