@@ -419,3 +419,23 @@ def test_a_broken_member_is_counted_and_the_others_are_read(tmp_path):
     pieces, _ = _read(tmp_path / "z.zip")
     assert [(x.file.rsplit("!", 1)[1], x.reason) for x in pieces] == [("a/first.py", "unreadable"),
                                                                        ("a/second.py", None)]
+
+
+@pytest.mark.parametrize("pattern", ["", "/", "/**", "/**/*.py", "/*.py", "/sub*", "/sub*/", "/sub1/deep/x.py",
+                                     "/[st]*/*.txt"])
+def test_a_corpus_uri_names_the_files_its_local_path_names(tmp_path, pattern):
+    """The same directory, file or glob as a local path and as a filesystem URI: the same files
+    (the glob read as Python's recursive glob reads it, a directory it matches taken whole)."""
+    from leakray.screen.corpus import plan_corpus
+
+    root = tmp_path / "c"
+    for rel in ("a.py", "b.txt", "sub1/c.py", "sub1/deep/x.py", "sub2/d.txt", "top.txt"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(f"# {rel}\n" + "x = 1\n" * 5)
+
+    def files(spec, strip=""):
+        plan = plan_corpus(spec, 1 << 20)
+        return sorted(p[len(strip):] for p, _ in plan.files + plan.shards)
+
+    local = files(f"{root}{pattern}")
+    assert local and files(f"file://{root}{pattern}", "file://") == local

@@ -79,6 +79,7 @@ def list_files(spec: str) -> list[tuple[str, int, int]]:
     cut = GLOB_CHARS.search(path)
     base = path if cut is None else path[: path.rfind("/", 0, cut.start()) + 1]
     fs, fs_base = filesystem_path(parts._replace(path=base or "/").geturl())
+    fs_base = fs_base.rstrip("/") or fs_base  # a directory by its name, not name/ (which S3 may not list)
     with_query = (lambda p: f"{p}?{parts.query}") if parts.query else (lambda p: p)
     rebuild = lambda fs_path: with_query(f"{parts.scheme}://{parts.netloc}{base.rstrip('/')}"  # noqa: E731
                                          + fs_path[len(fs_base.rstrip("/")):])
@@ -93,7 +94,7 @@ def list_files(spec: str) -> list[tuple[str, int, int]]:
                      if i.type == pafs.FileType.File]
     except OSError as exc:
         raise BadInput(f"cannot list corpus URI {display(spec)}: {exc}", field="corpus") from exc
-    want = glob_regex(path) if cut is not None else None
+    want = glob_regex(path.rstrip("/") or path) if cut is not None else None  # "dir*/": the directories
     out = []
     for i in sorted(found, key=lambda i: i.path):
         uri_path = base.rstrip("/") + i.path[len(fs_base.rstrip("/")):] if i.path != fs_base else path
