@@ -105,27 +105,20 @@ def _add(plan: CorpusPlan, path: str, max_bytes: int, max_parse: int) -> None:
     plan.seen.add(real)
     try:
         st = os.stat(path)
+        readable = os.path.isfile(path)  # not a socket, a device, a dangling link
     except OSError:
-        plan.formats[_format_key(path)] += 1
-        plan.skip("unreadable", path)
-        return
-    if not os.path.isfile(path):
-        plan.formats[_format_key(path)] += 1
-        plan.skip("unreadable", path)  # a socket, a device, a dangling link
-        return
-    _classify(plan, path, st.st_size, max_bytes, max_parse)
-
-
-def _format_key(path: str) -> str:
-    fmt, compression = F.detect(path)
-    return fmt + (f"+{compression}" if compression else "")
+        readable = False
+    _classify(plan, path, st.st_size if readable else -1, max_bytes, max_parse)
 
 
 def _classify(plan: CorpusPlan, path: str, size: int, max_bytes: int, max_parse: int) -> None:
-    """A file that exists, by its name and size: skipped here, read in batches, or read alone."""
+    """A file by its name and size (-1: it cannot be read): skipped here, read in batches, or
+    read alone."""
     fmt, compression = F.detect(path)
-    plan.formats[_format_key(path)] += 1
-    if size == 0:
+    plan.formats[fmt + (f"+{compression}" if compression else "")] += 1
+    if size < 0:
+        plan.skip("unreadable", path)
+    elif size == 0:
         plan.skip("empty", path)
     elif fmt == "binary":
         plan.skip("binary", path)

@@ -30,7 +30,7 @@ TEXT_EXTENSIONS = frozenset(
 MARKDOWN_EXTENSIONS = frozenset(".md .markdown .mdx .rmd .qmd".split())
 BINARY_EXTENSIONS = frozenset(
     ".png .jpg .jpeg .gif .bmp .ico .webp .tif .tiff .pdf .7z .rar .so .dll .dylib .exe "
-    ".bin .pyc .pyo .pyd .class .jar .o .a .lib .obj .woff .woff2 .ttf .otf .eot .mp3 .mp4 .wav .ogg .flac .avi "
+    ".bin .pyc .pyo .pyd .class .o .a .lib .obj .woff .woff2 .ttf .otf .eot .mp3 .mp4 .wav .ogg .flac .avi "
     ".mov .mkv .npy .npz .pkl .pickle .pt .pth .ckpt .safetensors .h5 .hdf5 .onnx .db .sqlite .sqlite3 .xlsx .xls "
     ".docx .doc .pptx .ppt .odt .dat .idx .pack".split())
 BY_EXTENSION = {
@@ -106,8 +106,7 @@ def open_binary(path, compression: str | None):
         return lzma.open(path, "rb")
     import pyarrow as pa  # zstd through pyarrow's codec: no extra dependency
 
-    return pa.input_stream(path if isinstance(path, (str, os.PathLike)) else pa.PythonFile(path, mode="r"),
-                           compression="zstd")
+    return pa.input_stream(path, compression="zstd")  # a path or a file object alike
 
 
 def read_bounded(path: str, compression: str | None, limit: int) -> bytes:
