@@ -18,6 +18,7 @@ import os
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
+from leakray.screen.locations import open_input
 from leakray.storage import is_uri
 
 CODE_EXTENSIONS = frozenset(
@@ -93,8 +94,6 @@ def open_binary(path, compression: str | None):
     """A binary file object over the decompressed bytes of a file (a path, a filesystem URI, or a
     binary file object: an archive's member held in memory)."""
     if isinstance(path, str) and is_uri(path):
-        from leakray.screen.locations import open_input
-
         path = open_input(path)
     if compression is None:
         return open(path, "rb") if isinstance(path, (str, os.PathLike)) else path

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from leakray.screen import formats as F
+from leakray.screen.archives import ARCHIVE_ERRORS, members
+from leakray.screen.locations import open_input
 from leakray.storage import is_uri
 
 SNIFF_MIN_CHARS = 32  # a sniffed parquet/Arrow string column is screened if its values average this long
@@ -129,9 +131,6 @@ class Reader:
         summary counts it under texts; an archive that breaks midway keeps what it gave (the
         screener counts the file truncated). ``source``: the archive's bytes, when it is itself
         a member."""
-        from leakray.screen.archives import ARCHIVE_ERRORS, members
-        from leakray.screen.locations import open_input
-
         try:
             if source is None and fmt == "zip" and compression is None:
                 fh = open_input(path, seekable=True, whole_below=self.max_parse)  # a zip seeks to its directory
@@ -153,8 +152,6 @@ class Reader:
                 raise Skip("unreadable") from exc
 
     def _member(self, ident: str, m, counts, depth: int) -> Iterator[Piece]:
-        from leakray.screen.archives import ARCHIVE_ERRORS
-
         if m.kind != "file":
             yield Piece(None, m.kind, ident)  # a link's target is another member, or outside the archive
             return
@@ -414,8 +411,6 @@ def _arrow_source(path: str, compression: str | None, limit: int, data: bytes | 
     if data is not None:
         return pa.BufferReader(data)
     if compression is None:
-        from leakray.screen.locations import open_input
-
         return open_input(path, seekable=True) if is_uri(path) else path
 
     data = F.read_bounded(path, compression, limit)
