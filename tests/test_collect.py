@@ -515,3 +515,16 @@ def test_a_killed_collection_reads_back_its_rows_and_asks_only_for_the_rest(tiny
     tok = AutoTokenizer.from_pretrained(str(tiny_lm[0]))
     assert usage["prompt_tokens"] == sum(len(tok(b["prompt"])["input_ids"]) for b in served)
     assert 0 < usage["completion_tokens"] <= sum(b.get("max_tokens", 16) * b.get("n", 1) for b in served)
+
+
+def test_a_collections_console_line_says_in_words_what_its_programs_did():
+    from leakray.protocols.collection import summary_line
+
+    info = {"rows_out": 82, "exec_status": {"error": 385, "passed": 12, "failed": 13, "timeout": 0},
+            "parse_failures": {"prediction_syntax_error": 385}, "resumed_rows": 40}
+    assert summary_line(info, parse_failures=True) == (
+        "82 tasks (40 of them read back from a killed attempt), 410 programs: 12 passed, 13 failed their tests, "
+        "385 raised or did not compile; CodeBLEU could not parse 385 (prediction_syntax_error)")
+    assert summary_line({"rows_out": 8, "exec_status": {"passed": 16}, "parse_failures": {"x": 1}}) == \
+        "8 tasks, 16 programs: 16 passed"  # the audit's line leaves CodeBLEU out
+    assert summary_line({"rows_out": 0}) == "0 tasks"

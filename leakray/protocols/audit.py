@@ -118,9 +118,6 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
             return {**stats, "isolation": isolation, "reference_model": reference}
         return run
 
-    def collect_summary(i: dict) -> str:
-        return f"{i.get('rows_out')} tasks, {i.get('exec_status')}" + collection.resumed_note(i)
-
     def rewrite_stage(out: Path) -> dict:
         from leakray.executor.runtime import run_task
         from leakray.protocols.rewrite_scores import rewrite_scores, write_rewrite_scores
@@ -192,7 +189,7 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
             StageSpec("collect_shadow", collect(lambda: runner.info["shadow"]["model"],
                                                 lambda: set(split()["shadow_members"]),
                                                 reference_for(cfg, cfg.model.base)),
-                      collect_summary, resumable=True),
+                      collection.summary_line, resumable=True),
             StageSpec("card", card_stage, lambda i: f"card {i['card_id']}: {len(i['detectors'])} detectors"),
         ]
     if card_only:
@@ -201,7 +198,7 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
         stages.append(target)
     stages.append(StageSpec("collect_target",
                             collect(target_model, planted_members, target_reference(cfg), served=True),
-                            collect_summary, resumable=True))
+                            collection.summary_line, resumable=True))
     if a.rewrites:
         stages.append(StageSpec("rewrite_scores", rewrite_stage,
                                 lambda i: f"{i['rows_out']} tasks scored against their rewrites "

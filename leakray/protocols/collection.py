@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from leakray.executor.batches import run_steps
-from leakray.schema import C
+from leakray.schema import C, X
 from leakray.stages.collect import (CollectConfig, collect_steps, collection_stats, finalize, retryable_rows,
                                     write_collection)
 
@@ -158,6 +158,27 @@ def collect_to(table: pa.Table, model_path: str, cfg: CollectConfig, out_dir: Pa
     if kept is not None:  # the rows are in the collection now (where the workers wrote them, too)
         clear_dir(*shared_dir(kept.parent))
     return {"rows_in": table.num_rows, **stats}
+
+
+# how the console names each sandbox status of a program (`schema.X.STATUSES`)
+STATUS_WORDS = {"passed": "passed", "failed": "failed their tests", "timeout": "timed out",
+                "memory": "ran out of memory", "error": "raised or did not compile"}
+
+
+def summary_line(info: dict, parse_failures: bool = False) -> str:
+    """A collection stage's console line: its tasks (and how many were read back after a kill),
+    what their programs did in the sandbox (in the schema's order of statuses), and CodeBLEU's
+    parse failures when asked. Before, the statuses were a printed dict: {'error': 385, ...}."""
+    statuses = info.get("exec_status") or {}
+    order = [s for s in X.STATUSES if statuses.get(s)] + sorted(s for s in statuses if s not in X.STATUSES)
+    line = f"{info.get('rows_out', info.get('rows'))} tasks" + resumed_note(info)
+    if order:
+        line += (f", {sum(statuses.values())} programs: "
+                 + ", ".join(f"{statuses[s]} {STATUS_WORDS.get(s, s)}" for s in order))
+    failures = info.get("parse_failures") or {}
+    if parse_failures and failures:
+        line += "; CodeBLEU could not parse " + ", ".join(f"{n} ({why})" for why, n in sorted(failures.items()))
+    return line
 
 
 def resumed_note(info: dict) -> str:

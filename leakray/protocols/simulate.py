@@ -253,10 +253,6 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
         return {"rows_in": shadow.num_rows + target.num_rows, "rows_out": target.num_rows,
                 "detectors": sorted(result["median"])}
 
-    def collect_summary(info: dict) -> str:
-        return (f"{info.get('rows_out', info.get('rows'))} tasks, {info.get('exec_status')}, "
-                f"CodeBLEU parse failures {info.get('parse_failures') or {}}" + collection.resumed_note(info))
-
     stages = [
         StageSpec("folds", folds_stage, lambda i: f"D1..D4 sizes {i['sizes']}"),
         *([collection.perturb_spec(cfg, tasks)] if collection.wants_advprompt(cfg) else []),
@@ -269,7 +265,8 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
         # the two fine-tunes read only the base and their own fold: side by side, one core each
         Together(tuple(StageSpec(role, finetune_stage(role), lambda i, role=role: _leak_line(role, i))
                        for role in ("target", "shadow"))),
-        *(StageSpec(f"collect_{role}", collect_stage(role), collect_summary, resumable=True)
+        *(StageSpec(f"collect_{role}", collect_stage(role),
+                   lambda i: collection.summary_line(i, parse_failures=True), resumable=True)
           for role in ("shadow", "target")),
         StageSpec("detect", detect_stage, lambda i: f"{', '.join(i['detectors'])}"),
     ]
