@@ -80,9 +80,6 @@ def list_files(spec: str) -> list[tuple[str, int, int]]:
     base = path if cut is None else path[: path.rfind("/", 0, cut.start()) + 1]
     fs, fs_base = filesystem_path(parts._replace(path=base or "/").geturl())
     fs_base = fs_base.rstrip("/") or fs_base  # a directory by its name, not name/ (which S3 may not list)
-    with_query = (lambda p: f"{p}?{parts.query}") if parts.query else (lambda p: p)
-    rebuild = lambda fs_path: with_query(f"{parts.scheme}://{parts.netloc}{base.rstrip('/')}"  # noqa: E731
-                                         + fs_path[len(fs_base.rstrip("/")):])
     try:
         info = fs.get_file_info(fs_base)
         if info.type == pafs.FileType.File and cut is None:
@@ -97,11 +94,14 @@ def list_files(spec: str) -> list[tuple[str, int, int]]:
     want = glob_regex(path.rstrip("/") or path) if cut is not None else None  # "dir*/": the directories
     out = []
     for i in sorted(found, key=lambda i: i.path):
-        uri_path = base.rstrip("/") + i.path[len(fs_base.rstrip("/")):] if i.path != fs_base else path
+        if i.path == fs_base:  # the spec named this file
+            uri_path, uri = path, spec
+        else:  # the same place under the URI's path as under the filesystem's
+            uri_path = base.rstrip("/") + i.path[len(fs_base.rstrip("/")):]
+            uri = f"{parts.scheme}://{parts.netloc}{uri_path}" + (f"?{parts.query}" if parts.query else "")
         # as for a local glob: a file the pattern names, or one under a directory it names
         if want is None or any(want.match(uri_path[:j]) for j in _prefix_ends(uri_path)):
-            out.append((rebuild(i.path) if i.path != fs_base else spec, int(i.size or 0),
-                        int(i.mtime_ns or 0) if i.mtime is not None else -1))
+            out.append((uri, int(i.size or 0), i.mtime_ns if i.mtime_ns is not None else -1))
     if not out:
         raise BadInput("no corpus file matches", path=display(spec))
     return out

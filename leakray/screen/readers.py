@@ -162,7 +162,7 @@ class Reader:
         if fmt in F.ARCHIVES and depth >= MAX_ARCHIVE_DEPTH:
             yield Piece(None, "nested_too_deep", ident)
             return
-        limit = self.max_parse if fmt in F.STREAMED else self._limit(fmt)
+        limit = self._limit(fmt)  # a shard or an archive inside is held in memory: the parse limit
         if m.size == 0:
             yield Piece(None, "empty", ident)
             return
