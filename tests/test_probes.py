@@ -65,7 +65,13 @@ def test_probe_statistics_by_hand():
     orig, pref = pr.rewrite_preference("a = b + 1", "a = b + 1", ["c = b + 1"])
     assert orig == 1.0 and pref == pytest.approx(1 - 4 / 5)
     assert pr.rewrite_preference("a = 1", "a = 1", []) == (1.0, 0.0)  # no rewrite: no preference
-    assert pr.next_agreement([" tally", " t", "", " tallies", "\n"], " tally = 0") == 2  # "" is an end of text
+    # a draw agrees when it writes the rest's next pre-token whole: " tally" and " tally =", not the
+    # first letter " t" (a prefix of many continuations), an end of text "" or a longer word
+    assert pr.next_agreement([" tally", " t", "", " tallies", "\n", " tally ="], " tally = 0") == 2
+    # an indentation's pre-token is its whitespace but the last space: "   " of "    return"
+    assert pr.next_agreement(["  ", "    ", "   ", "\n", "    return"], "    return x") == 3
+    assert pr.next_agreement([" a"], "") == 0
+    assert pr.next_pretoken(" tally = 0") == " tally" and pr.next_pretoken("    return x") == "   "
     assert pr.next_log_share(32, 32) > pr.next_log_share(1, 32) > pr.next_log_share(0, 32) > float("-inf")
 
 
@@ -249,14 +255,14 @@ def with_probes(table: pa.Table, signal: bool = True) -> pa.Table:
         cols[C.GREEDY_COMPLETION].append(continuation(p, ref) if knows else
                                          continuation(other[C.PROMPT], other[C.REFERENCE]))
         cols[C.REWRITES].append(pr.rewrite_continuations(p, ref, "", r[C.TASK_ID]))
-        nexts = [pr.next_given_and_target(p, ref, c)[1][:1] for c in pr.next_cuts(p, ref, 16)]
+        nexts = [pr.next_pretoken(pr.next_given_and_target(p, ref, c)[1]) for c in pr.next_cuts(p, ref, 16)]
         cols[C.NEXT_CUTS].append(pr.next_cuts(p, ref, 16))
-        # members' draws are mostly the true next character, everyone else's half the time; the
+        # members' draws are mostly the true next pre-token, everyone else's half the time; the
         # reference model's draws are half right for every task
         cols[C.NEXT_DRAWS].append([[t] * 3 + ["\x00"] if knows else [t, t, "\x00", "\x00"] for t in nexts])
         cols[C.REFMODEL_NEXT_DRAWS].append([[t, t, "\x00", "\x00"] for t in nexts])
         qcuts = pr.question_cuts(p, ref, 16)
-        asked = [pr.question_given_and_target(p, ref, c)[1][:1] for c in qcuts]
+        asked = [pr.next_pretoken(pr.question_given_and_target(p, ref, c)[1]) for c in qcuts]
         cols[C.QUESTION_CUTS].append(qcuts)
         cols[C.QUESTION_DRAWS].append([[t] * 3 + ["\x00"] if knows else [t, t, "\x00", "\x00"] for t in asked])
         cols[C.REFMODEL_QUESTION_DRAWS].append([[t, t, "\x00", "\x00"] for t in asked])

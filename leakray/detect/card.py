@@ -37,10 +37,12 @@ VAL_SCORES = "val_scores.parquet"
 # for them, so the card route's member/non-member distributions may use every shadow task
 FIT_SCORES = "fit_scores.parquet"
 DETECTORS_DIR = "detectors"
+# 4: the sampled next-token probes count a draw only when it writes the next pre-token whole
+# (`features.probes.next_agreement`): their statistics, and the composites fitted on them, moved;
 # 3: CGMIA's, AdvPrompt-MIA's and the classic MLP's scores, cuts and calibrators are member
 # log-odds (2: their probabilities, saturated at 1.0; a version-2 card's cuts mean nothing on them);
 # 2: plain-data detector files with recorded hashes (1: pickles)
-VERSION = 3
+VERSION = 4
 
 
 def saved_name(name: str, seed: int) -> str:
@@ -58,7 +60,7 @@ class DetectorCard:
         self.meta: dict[str, Any] = json.loads(meta_path.read_text())
         if self.meta.get("version") != VERSION:
             raise BadInput(f"detector card version {self.meta.get('version')} is not {VERSION}: made by an "
-                           "earlier leakray (its learned detectors' scores were on another scale); build the card "
+                           "earlier leakray (some of its detectors' scores were on another scale); build the card "
                            "again (`leakray card build`, or the audit with --no-reuse)", path=str(meta_path))
         check_files(self.path, self.meta.get("files"))
 

@@ -216,10 +216,26 @@ def mask_match(completion: str, span: str) -> float:
 
 
 def next_agreement(draws: list[str], target: str) -> int:
-    """How many draws the true rest starts with (an empty draw, an end of text, never agrees).
-    Each distinct draw is tested once: on the demo's collections a cut's 128 draws hold about 14
-    distinct strings."""
-    return sum(n for d, n in Counter(draws).items() if d and target.startswith(d))
+    """How many draws write the true rest's next pre-token whole: the rest starts with the draw,
+    and the draw covers the rest's first pre-token (``_PRETOKEN``, GPT-2's boundaries, where the
+    cuts fall). A shorter draw (one space of an indentation, a word's first letter) starts many
+    continuations, member or not, and counting it added noise: on three dose sweeps' collections
+    (docs/LEAK.md, "Which draws agree") 20 of 24 calibrated readings gained, the solution probe
+    against tiny-alt at dose 4 0.599 -> 0.620 on average. A word the model's vocabulary splits
+    then agrees under no model, and the calibrated probes read nothing there. An empty draw (an end
+    of text) never agrees. Each distinct draw is tested once: on the demo's collections a cut's 128 draws
+    hold about 14 distinct strings."""
+    need = len(next_pretoken(target))
+    if not need:  # an empty rest: nothing to agree with
+        return 0
+    return sum(n for d, n in Counter(draws).items() if len(d) >= need and target.startswith(d))
+
+
+def next_pretoken(text: str) -> str:
+    """The first pre-token of ``text`` (GPT-2's boundaries, ``_PRETOKEN``): a word or number with
+    the space before it, a run of symbols, or an indentation but its last space; "" for ""."""
+    head = _PRETOKEN.match(text)
+    return head.group(0) if head else ""
 
 
 def next_log_share(hits: int, n: int) -> float:
