@@ -223,8 +223,8 @@ def next_agreement(draws: list[str], target: str) -> int:
     (docs/LEAK.md, "Which draws agree") 20 of 24 calibrated readings gained, the solution probe
     against tiny-alt at dose 4 0.599 -> 0.620 on average. A word the model's vocabulary splits
     then agrees under no model, and the calibrated probes read nothing there. An empty draw (an end
-    of text) never agrees. Each distinct draw is tested once: on the demo's collections a cut's 128 draws
-    hold about 14 distinct strings."""
+    of text) never agrees. Each distinct draw is tested once: on the demo's collections a cut's
+    128 draws hold about 14 distinct strings."""
     need = len(next_pretoken(target))
     if not need:  # an empty rest: nothing to agree with
         return 0
