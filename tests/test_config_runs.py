@@ -401,6 +401,21 @@ def test_a_stage_key_changes_with_what_the_stage_reads(setting, changed):
         "folds", "base", "shadow_base", "corpus", "target", "shadow", "perturb", "collect_shadow", "collect_target"}
 
 
+@pytest.mark.parametrize("detectors,loads", [
+    ("[ref_calibrated_nonoracle]", True), ("[next_token_calibrated_nonoracle]", True),
+    ("[question_next_token_calibrated_nonoracle]", True), ("[next_token_calibrated,ref_calibrated]", False)])
+def test_the_non_oracle_reference_is_loaded_for_every_detector_that_reads_it(detectors, loads):
+    """Not only for `ref_calibrated_nonoracle`: the probes' `_nonoracle` variants read its draws, and
+    a black-box sweep that asked for them alone found their columns empty and skipped them."""
+    from leakray.config import load_config
+    from leakray.protocols.simulate import nonoracle_reference
+    from leakray.protocols.stage_keys import collection_needs
+
+    cfg = load_config([], ["columns.nonoracle_reference=auto", f"detect.detectors={detectors}"])
+    assert (nonoracle_reference(cfg) is not None) == loads
+    assert collection_needs(cfg)["second_reference"] == loads
+
+
 AUDIT_KEYS = [
     *((f"audit.{k}={v}", set()) for k, v in (("fdr", 0.2), ("lam", 0.3), ("max_width", 0.5), ("route", "card"),
                                              ("bootstrap", 10), ("detector", "min_k"))),

@@ -262,6 +262,14 @@ def wants_upper_case(cfg) -> bool:
     return bool(cfg.columns.upper_case) and reads_any(cfg, {C.UPPER_COMPLETIONS, C.UPPER_PERPLEXITY})
 
 
+def wants_second_reference(cfg) -> bool:
+    """Whether a requested detector reads the non-oracle reference model: its token log-probabilities
+    (`ref_calibrated_nonoracle`) or its draws at the probes' cuts (the probes' `_nonoracle` variants)."""
+    from leakray.stages.collect import ALT_REFERENCE_COLUMNS
+
+    return reads_any(cfg, set(ALT_REFERENCE_COLUMNS))
+
+
 def wanted_probes(cfg) -> tuple[str, ...]:
     """The memory probes switched on that a requested detector reads."""
     from leakray.stages.collect import PROBE_COLUMNS

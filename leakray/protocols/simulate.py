@@ -23,7 +23,7 @@ from leakray.data.tasks import continuation, program_of
 from leakray.errors import BadInput
 from leakray.runs import (StageRunner, StageSpec, Together, content_hash, machine_cpu, machine_use,
                           write_json_atomic)
-from leakray.schema import C, T
+from leakray.schema import T
 
 ROLES = {"target": (0, 1), "shadow": (2, 3)}  # role -> (member fold, non-member fold): D1/D2, D3/D4
 
@@ -82,10 +82,10 @@ def collect_config(cfg: SimulateConfig, base_path: str | None = None):
 def nonoracle_reference(cfg: SimulateConfig) -> str | None:
     """The second reference model's path, when the first is the oracle (the target's own pre-leak
     checkpoint) and a requested detector reads it: "auto" = the other local architecture."""
-    from leakray.protocols.collection import reads_any
+    from leakray.protocols.collection import wants_second_reference
 
     name = cfg.columns.nonoracle_reference
-    if name is None or cfg.columns.reference_model != "base" or not reads_any(cfg, {C.REFALT_TOKEN_LOGPROBS}):
+    if name is None or cfg.columns.reference_model != "base" or not wants_second_reference(cfg):
         return None
     if name == "auto":
         if cfg.model.base not in LOCAL_MODELS:

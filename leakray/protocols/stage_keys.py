@@ -58,11 +58,10 @@ def collection_needs(cfg) -> dict:
     """Which passes of the model a collection makes: they follow the requested detectors
     (`detect.detectors`), the one part of `detect` a collection reads."""
     from leakray.protocols import collection
-    from leakray.schema import C
 
     return {"advprompt": collection.wants_advprompt(cfg), "upper_case": collection.wants_upper_case(cfg),
             "probes": list(collection.wanted_probes(cfg)),
-            "second_reference": collection.reads_any(cfg, {C.REFALT_TOKEN_LOGPROBS})}
+            "second_reference": collection.wants_second_reference(cfg)}
 
 
 def _without(config: dict, paths: Iterable[str]) -> dict:

@@ -460,6 +460,8 @@ PROBE_COLUMNS = {"prefix": (C.PREFIX_CUTS, C.PREFIX_COMPLETIONS), "mask": (C.MAS
 # the sampled probes' draws under the reference model and the non-oracle reference, at the same cuts
 REFERENCE_DRAW_COLUMNS = {"next": (C.REFMODEL_NEXT_DRAWS, C.REFALT_NEXT_DRAWS),
                           "question": (C.REFMODEL_QUESTION_DRAWS, C.REFALT_QUESTION_DRAWS)}
+# what the non-oracle reference model fills: its token log-probabilities and its probes' draws
+ALT_REFERENCE_COLUMNS = (C.REFALT_TOKEN_LOGPROBS, *(alt for _, alt in REFERENCE_DRAW_COLUMNS.values()))
 
 
 def draw_key(key: str, probe: str) -> str:
