@@ -154,7 +154,7 @@ SampleSection = _stage_section(SampleConfig, "SampleSection", types={
     "temperature": Annotated[float, Field(ge=0)], "top_p": Annotated[float, Field(gt=0, le=1)],
     "max_new_tokens": Positive, "batch_size": Positive, "threads": Positive, "max_model_len": Positive | None,
     "gpu_memory_utilization": Annotated[float, Field(gt=0, le=1)], "tensor_parallel_size": Positive,
-    "concurrency": Positive, "max_retries": Annotated[int, Field(ge=0)], "timeout_s": PositiveFloat,
+    "concurrency": Positive, "max_n": Positive, "max_retries": Annotated[int, Field(ge=0)], "timeout_s": PositiveFloat,
     "backoff_s": Annotated[float, Field(ge=0)], "row_retries": Annotated[int, Field(ge=0)],
     "row_retry_wait_s": Annotated[float, Field(ge=0)]})
 
@@ -365,7 +365,7 @@ class RayConfig(Section):
 # Keys added after runs existed, with the value that behaves as before they did: at that value a
 # key stays out of the hash, so the runs made before it (and the stages other runs adopt from
 # them) keep their keys; another value is another run.
-ADDED_LATER = {("benchmark", "fold_balance"): "none"}
+ADDED_LATER = {("benchmark", "fold_balance"): "none", ("sample", "max_n"): 128}
 # How often a collection tries a failed row again: a retried row is sampled with its own seed, as
 # the first attempt was, so what a row holds does not depend on these, only whether it is lost. A
 # resumed run with another value is the same run.

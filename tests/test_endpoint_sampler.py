@@ -284,6 +284,20 @@ def test_one_token_draws_come_from_the_models_distribution(backend):
         assert {d["token_logprobs"][0] for d in greedy} == {float(lp[top])}
 
 
+def test_more_draws_than_a_request_takes_go_out_as_several(backend):
+    """At most `sample.max_n` choices per request (OpenAI's completions cap n at 128): 10 draws at
+    max_n 4 are three requests of 4, 4 and 2, each with its own seed; the first is the request
+    that asking for 4 draws sends, so draws within the cap are what they always were."""
+    texts = [generation_prompt(PY_BODY)]
+    with CompletionServer(backend) as srv:
+        split = EndpointSampler("tiny", _cfg(srv.url, max_n=4)).next_token_draws(texts, ["t/0"], 10)
+        sent = [dict(b) for b in srv.requests]
+        within = EndpointSampler("tiny", _cfg(srv.url, max_n=4)).next_token_draws(texts, ["t/0"], 4)
+    assert [len(d) for d in split] == [10] and all(isinstance(x, str) for x in split[0])
+    assert [b["n"] for b in sent] == [4, 4, 2] and len({b["seed"] for b in sent}) == 3
+    assert split[0][:4] == within[0]
+
+
 def test_concurrency_is_bounded(backend):
     with CompletionServer(backend) as srv:  # record one real answer per prompt, then replay it slowly
         sampler = EndpointSampler("tiny", _cfg(srv.url))

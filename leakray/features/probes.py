@@ -63,7 +63,9 @@ NEXT_CUTS = 64  # cut points of the next-token probe, spread evenly over the con
 # at 16 draws, 0.82 at 32, 0.88 at 128 (benchmarks/sim_next_token_draws.py); measured on the
 # dose-16 sweep, 0.780 at 32 and 0.886 at 128 (docs/LEAK.md). The draws come from one forward pass
 # per cut (local and vLLM samplers) or one request of n draws and one token (an endpoint; OpenAI's
-# API caps n at 128), so 128 costs what 32 did but the sampled tokens.
+# API caps n at 128), so 128 costs what 32 did but the sampled tokens. More read fainter leaks
+# (512: +0.03 AUC at dose 4, simulated; docs/LEAK.md, "What the draws can read"), and through an
+# endpoint cost a request per `sample.max_n` more.
 NEXT_DRAWS = 128
 _IDENT = re.compile(r"[A-Za-z_]\w*")
 # where a byte-level BPE tokenizer (GPT-2's pre-tokenizer, which code LLMs' tokenizers share) may

@@ -240,20 +240,27 @@ class EndpointSampler:
 
     def next_token_draws(self, texts: list[str], keys: list[str], n: int) -> list[list[str]]:
         """One request per text: ``n`` choices of one token at temperature 1, top-p 1, no stop
-        strings and no log-probs, the text sent as given. A text the endpoint never answered
-        raises `ProbeFailed`, as a greedy probe does."""
+        strings and no log-probs, the text sent as given; more than ``sample.max_n`` choices go
+        out as several requests (OpenAI's completions cap ``n`` at 128). A text the endpoint
+        never answered raises `ProbeFailed`, as a greedy probe does."""
         return self._map(lambda text, key: self._draw_one(text, key, n), list(zip(texts, keys)))
 
     def _draw_one(self, text: str, key: str, n: int) -> list[str]:
-        payload = {"model": self.model, "prompt": text, "n": n, "max_tokens": 1, "temperature": 1.0,
-                   "top_p": 1.0, "seed": task_seed(self.cfg.seed, key)}
-        try:
-            choices = self._post(payload, lambda body: _choices(body, n), key)
-        except _Refused as exc:
-            raise ProbeFailed(key, f"http_{exc.status}") from None
-        except _RowFailed as exc:
-            raise ProbeFailed(key, exc.reason) from None
-        return [c["text"] for c in choices]
+        draws: list[str] = []
+        for part, start in enumerate(range(0, n, self.cfg.max_n)):
+            m = min(self.cfg.max_n, n - start)
+            # the first request is seeded as a single one is (n <= max_n draws what it always drew);
+            # each further one by a key of its own, so its draws are not the first one's again
+            payload = {"model": self.model, "prompt": text, "n": m, "max_tokens": 1, "temperature": 1.0,
+                       "top_p": 1.0, "seed": task_seed(self.cfg.seed, key if not part else f"{key}#draws{part}")}
+            try:
+                choices = self._post(payload, lambda body, m=m: _choices(body, m), key)
+            except _Refused as exc:
+                raise ProbeFailed(key, f"http_{exc.status}") from None
+            except _RowFailed as exc:
+                raise ProbeFailed(key, exc.reason) from None
+            draws += [c["text"] for c in choices]
+        return draws
 
     def reference_loss(self, prompts: list[str], references: list[str]) -> list[float]:
         """Mean NLL of the solution's tokens (those not wholly inside the generation prompt),

@@ -53,6 +53,9 @@ class SampleConfig:
     endpoint_model: str = ""  # the served model name; empty: the model given to make_sampler
     api_key_env: str = "OPENAI_API_KEY"  # NAME of the env variable holding the key, never the key
     concurrency: int = 8  # requests in flight
+    # choices per request: OpenAI's completions API caps `n` at 128, so the next-token probes' draws
+    # (`columns.next_draws`) above this go out as several requests of at most max_n each
+    max_n: int = 128
     timeout_s: float = 120.0  # per request (connect, and each read)
     max_retries: int = 5  # retries after the first try (429/408/409/5xx, timeouts, connection, malformed)
     backoff_s: float = 1.0  # first retry waits ~this, doubling, half jittered; Retry-After wins

@@ -39,8 +39,8 @@ TARGET_ONLY = ("audit.target", "audit.member_fraction", "audit.member_seed", "au
 
 # what only an endpoint reads (`sample.backend=openai`): the model under audit's settings alone, since
 # the audit samples its shadow here (`protocols.audit.sampled_here`)
-ENDPOINT_ONLY = ("endpoint_url", "endpoint_model", "api_key_env", "concurrency", "timeout_s", "max_retries",
-                 "backoff_s")
+ENDPOINT_ONLY = ("endpoint_url", "endpoint_model", "api_key_env", "concurrency", "max_n", "timeout_s",
+                 "max_retries", "backoff_s")
 
 
 def shadow_side(cfg):
