@@ -15,6 +15,7 @@ from cgmia_data import rich_collection
 from leakray.data.tasks import continuation, generation_prompt
 from leakray.detect import registry
 from leakray.detect.base import collection_access, missing_input
+from leakray.detect.combined import choose_combiner
 from leakray.errors import BadInput
 from leakray.features import probes as pr
 from leakray.schema import C, T, collection_schema
@@ -361,7 +362,7 @@ def test_unit_combiner_weighs_inputs_by_their_shadow_auc_and_saves_as_json(tmp_p
     # auto (the default): both combiners cross-fitted on the shadow, the higher out-of-fold AUC kept
     auto = registry.make("text_combined").fit(shadow, 0)
     oof = auto.info["oof_auc"]
-    assert set(oof) == {"logistic", "unit", "pooled"} and auto.info["combiner"] == max(oof, key=oof.get)
+    assert set(oof) == {"logistic", "unit", "pooled"} and auto.info["combiner"] == choose_combiner(oof, 40, 40)
     y_oof, s_oof, _ = auto.heldout(shadow)
     assert roc_auc_score(y_oof, s_oof) == pytest.approx(oof[auto.info["combiner"]])
     # a second reference model's draws (simulate's non-oracle reference) add their own calibration
@@ -372,7 +373,22 @@ def test_unit_combiner_weighs_inputs_by_their_shadow_auc_and_saves_as_json(tmp_p
     with pytest.raises(BadInput, match="combiner must be"):
         registry.make("text_combined", {"combiner": "forest"})
 
-def test_pooled_combiner_averages_the_sampled_inputs_and_screens_the_rest(tmp_path):
+def test_auto_keeps_the_simplest_combiner_within_one_standard_error_of_the_best():
+    from leakray.evaluate.metrics import auc_standard_error
+
+    # Hanley & McNeil's standard error: at chance on 41 + 41 tasks the Mann-Whitney null's 0.064
+    assert auc_standard_error(0.5, 41, 41) == pytest.approx(np.sqrt(83 / (12 * 41 * 41)), rel=0.01)
+    assert auc_standard_error(1.0, 41, 41) == 0.0 and auc_standard_error(0.9, 41, 41) < auc_standard_error(0.7, 41, 41)
+    # a faint shadow: a learned lead of 0.04 is within one standard error (0.058 at 0.70): pooled
+    assert choose_combiner({"logistic": 0.70, "unit": 0.68, "pooled": 0.66}, 41, 41) == "pooled"
+    assert choose_combiner({"logistic": 0.75, "unit": 0.70, "pooled": 0.60}, 41, 41) == "unit"
+    # a strong leak's clear lead stands; ties go to the simplest
+    assert choose_combiner({"logistic": 0.99, "unit": 0.90, "pooled": 0.85}, 41, 41) == "logistic"
+    assert choose_combiner({"logistic": 1.0, "unit": 1.0, "pooled": 1.0}, 41, 41) == "pooled"
+    assert choose_combiner({"logistic": 0.70, "unit": 0.69}, 41, 41) == "unit"  # no draws: no pooled
+
+
+def test_pooled_combiner_averages_the_probes_calibrated_readings_and_nothing_else(tmp_path):
     from sklearn.metrics import roc_auc_score
 
     from leakray.detect.combined import PooledWeights
@@ -381,13 +397,18 @@ def test_pooled_combiner_averages_the_sampled_inputs_and_screens_the_rest(tmp_pa
     y = np.repeat([0, 1], 41)
     latent = y * 0.5  # a faint leak, read by three noisy pooled inputs
     x = np.stack([latent + rng.normal(0, 1, 82) for _ in range(3)]
-                 + [-1.5 * y + rng.normal(0, 1, 82),  # strong and reversed: screened in, weight -1
-                    rng.normal(0, 1, 82)], axis=1)  # noise: screened out
+                 + [-1.5 * y + rng.normal(0, 1, 82),  # strong and reversed on this shadow: not pooled, left out
+                    rng.normal(0, 1, 82)], axis=1)  # noise: left out
     x[:, 0] -= 0.6 * y  # on this shadow the first pooled input points the wrong way: it is kept anyway
     pooled = np.array([True, True, True, False, False])
     u = PooledWeights(pooled).fit(x, y)
-    assert list(u.w[:3]) == [1.0, 1.0, 1.0] and u.w[3] == -1.0 and u.w[4] == 0.0
-    assert roc_auc_score(y, u.predict_proba(x)[:, 1]) > roc_auc_score(y, x[:, 1])
+    assert list(u.w) == [1.0, 1.0, 1.0, 0.0, 0.0]
+    # with a screen (leakray_combined's): the strong input enters, reversed; the noise does not
+    assert list(PooledWeights(pooled, 1.96).fit(x, y).w) == [1.0, 1.0, 1.0, -1.0, 0.0]
+    # on a target where each reads the leak alike, the three readings' average beats every one alone
+    y_t = np.repeat([0, 1], 200)
+    x_t = np.stack([y_t * 0.5 + rng.normal(0, 1, 400) for _ in range(3)] + [rng.normal(0, 1, 400)] * 2, axis=1)
+    assert roc_auc_score(y_t, u.predict_proba(x_t)[:, 1]) > max(roc_auc_score(y_t, x_t[:, j]) for j in range(3))
     only_noise = PooledWeights(np.zeros(1, bool)).fit(rng.normal(0, 1, (82, 1)), y)
     assert np.count_nonzero(only_noise.w) == 1  # never an empty combination
 
@@ -395,12 +416,27 @@ def test_pooled_combiner_averages_the_sampled_inputs_and_screens_the_rest(tmp_pa
     target = black_box(with_probes(rich_collection(n=40, seed=2, prefix="u", signal=0.3)))
     det = registry.make("text_combined", {"combiner": "pooled"}).fit(shadow, 0)
     mask = det.model.pooled
-    assert det.info["combiner"] == "pooled" and mask.sum() == 4  # next, next_calibrated, question, question_calibrated
-    assert np.all(det.model.w[mask] == 1.0) and len(mask) == det.info["n_features"]
+    # one reading per probe, its draws against the reference model: not the raw shares
+    assert det.info["combiner"] == "pooled" and det.info["pooled_inputs"] == ["next_calibrated", "question_calibrated"]
+    assert mask.sum() == 2 and np.all(det.model.w[mask] == 1.0) and not det.model.w[~mask].any()
+    assert len(mask) == det.info["n_features"]
     assert roc_auc_score(target.column(C.MEMBER).to_numpy(), det.score(target)) > 0.8
     det.save(tmp_path / "p")
     np.testing.assert_array_equal(registry.load(tmp_path / "p").score(target), det.score(target))
     assert set(registry.make("text_combined").fit(shadow, 0).info["oof_auc"]) == {"logistic", "unit", "pooled"}
+    # leakray_combined pools every sampled statistic, the raw shares too, and screens the rest
+    every = registry.make("leakray_combined", {"combiner": "pooled"}).fit(shadow, 0)
+    assert every.info["pooled_inputs"] == ["next", "next_calibrated", "question", "question_calibrated"]
+    assert every.model.z == 1.96
+    # a second reference's draws beside the first: the first's calibration is the reading; only the
+    # second's (its draws where the collection's reference model drew none): the second's
+    field = collection_schema().field(C.REFALT_NEXT_DRAWS)
+    both = shadow.append_column(field, shadow.column(C.REFMODEL_NEXT_DRAWS))
+    assert registry.make("text_combined", {"combiner": "pooled"}).fit(both, 0).info["pooled_inputs"] == \
+        ["next_calibrated", "question_calibrated"]
+    alt_only = both.drop_columns([C.REFMODEL_NEXT_DRAWS])
+    assert registry.make("text_combined", {"combiner": "pooled"}).fit(alt_only, 0).info["pooled_inputs"] == \
+        ["next_calibrated_alt", "question_calibrated"]
     # a collection without sampled probes: auto does not offer pooled
     bare = shadow.drop_columns([C.NEXT_CUTS, C.NEXT_DRAWS, C.REFMODEL_NEXT_DRAWS, C.QUESTION_CUTS,
                                 C.QUESTION_DRAWS, C.REFMODEL_QUESTION_DRAWS])

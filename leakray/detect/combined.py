@@ -32,19 +32,32 @@ Combiner (``combiner``):
   strength per input is estimated, so it does not chase noise when the shadow is small and most
   inputs are near chance, the case of faint leaks (docs/LEAK.md: at dose 16 the logistic text
   composite read 0.714 against its best input's 0.797).
-- ``pooled``: the sampled next-token statistics (``SAMPLED``: at the solution's cuts and at the
-  prompt's, alone and against each reference model) averaged with equal weights, standardised on
-  the shadow and never re-oriented by it, plus any other input whose shadow AUC clears chance by
-  1.96 null standard errors (weight +-1). The six read one quantity with independent noise (other
-  cuts, other draws, other references), so their plain average is the estimate a faint shadow
-  cannot spoil: on the dose-4 sweep the shadow's best sampled input was the question's and the
-  target's the solution's, and any weights learned from the shadow follow the shadow.
-- ``auto`` (the default): the candidates are cross-fitted on the shadow (the same k folds by task)
-  and the one with the higher out-of-fold AUC is kept (a tie keeps ``logistic``, the first);
-  ``pooled`` is a candidate where the collection has sampled inputs. Measured on the
-  dose-16 sweep (docs/LEAK.md): the shadow chose ``unit`` for ``text_combined`` (out-of-fold 0.59
-  against 0.55) and ``logistic`` for ``leakray_combined`` (0.91 against 0.79), and the target
-  agreed both times.
+- ``pooled``: the sampled next-token statistics averaged with equal weights, standardised on the
+  shadow and never re-oriented by it, so a faint shadow cannot spoil them (on the dose-4 sweep the
+  shadow's best sampled input was the question's and the target's the solution's: weights learned
+  from the shadow follow the shadow).
+  - ``text_combined``: one reading per probe (the solution's cuts, the prompt's: independent
+    draws), its draws calibrated against the collection's reference model (``READINGS``; against
+    the second reference where only that one drew), and nothing else. The raw shares and a second
+    reference's calibration re-read the same draws (uncalibrated, or against a farther reference),
+    and a screen of the other ~25 inputs at 1.96 null standard errors let one noise input in most
+    of the time, at the weight of a probe. Over five member splits of the dose sweep (docs/LEAK.md,
+    "The pooled average, its readings only") the two readings alone read 0.691 / 0.925 at doses
+    4 / 16 where all six sampled statistics plus the screen read 0.659 / 0.879.
+  - ``leakray_combined``: all six sampled statistics (``SAMPLED``: each probe alone and against
+    each reference model), plus any other input whose shadow AUC clears chance by 1.96 null
+    standard errors (weight +-1), which lets the likelihood family's exact ratios in.
+- ``auto`` (the default): the candidates are cross-fitted on the shadow (the same k folds by task);
+  ``pooled`` is a candidate where the collection has the draws it averages.
+  - ``text_combined`` keeps the simplest one whose out-of-fold AUC is within one standard error of
+    the best's (the one-standard-error rule of Breiman et al. 1984; the AUC's standard error by
+    Hanley & McNeil 1982): ``pooled`` fits a centre and scale per reading, ``unit`` a direction and
+    strength per input, ``logistic`` a weight per input. On a faint leak's shadow of 41 + 41 tasks
+    a learned combiner's out-of-fold lead of a few hundredths is noise, and the target disagreed
+    with it in most such cases (the same section); a strong leak's clear lead stands.
+  - ``leakray_combined`` keeps the one with the highest out-of-fold AUC (a tie keeps
+    ``logistic``, the first). Measured on the dose-16 sweep (docs/LEAK.md): the shadow chose
+    ``logistic`` (0.91 against 0.79), and the target agreed.
 The threshold comes from the chosen combiner's out-of-fold shadow scores (k-fold cross-fit by
 task, as CGMIA).
 """
@@ -72,14 +85,19 @@ GENERATION = ("detectleak", "gt_match", "cdd", "buzzer_b")
 TEXT_GENERATION = ("gt_match", "cdd")
 _USED_FILE = "used_inputs.json"  # the inputs each group fed in fitting
 _UNIT_FILE = "unit_weights.json"  # the unit combiner's centre, scale and weight per input
-COMBINERS = ("logistic", "unit", "pooled")  # and "auto": the one with the higher out-of-fold shadow AUC
+COMBINERS = ("logistic", "unit", "pooled")  # and "auto" (module docstring)
+SIMPLEST_FIRST = ("pooled", "unit", "logistic")  # fewest numbers fitted on the shadow first
 # inputs of the probes group, in order, with the columns each gives (the others give one)
 PROBE_WIDTHS = {"prefix": 3, "greedy": 2}
 # the sampled next-token statistics: one quantity (the reference text's next-token probability,
-# alone or against a reference model's) read at the solution's and at the prompt's cuts, with
-# independent draws. ``pooled`` averages them with equal weights instead of learning weights.
+# alone or against a reference model's) read at the solution's and at the prompt's cuts;
+# leakray_combined's ``pooled`` averages them all
 SAMPLED = ("next", "next_calibrated", "next_calibrated_alt", "question", "question_calibrated",
            "question_calibrated_alt")
+# text_combined's ``pooled``: one reading per probe, against the collection's reference model, else
+# against the second one (the first of each pair the fit has)
+READINGS = (("next_calibrated", "next_calibrated_alt"), ("question_calibrated", "question_calibrated_alt"))
+SCREEN_Z = 1.96  # leakray_combined's ``pooled``: other inputs enter beyond this many null standard errors
 
 
 class UnitWeights:
@@ -116,24 +134,27 @@ class UnitWeights:
 
 class PooledWeights(UnitWeights):
     """The ``pooled`` combiner (module docstring): the inputs named ``pooled`` (a mask over the
-    columns) with weight +1 each, every other input with weight +-1 only where its shadow AUC
-    is beyond chance by ``z`` null standard errors (Hanley & McNeil: sqrt((n0 + n1 + 1) /
-    (12 n0 n1)), 0.064 at 41 + 41 tasks), else 0; each standardised on the shadow. Nothing is
-    estimated for the pooled inputs but their centre and scale, so a faint shadow cannot point
-    them the wrong way; the screen keeps a noise input out with 95% probability."""
+    columns) with weight +1 each; with a screen (``z``), every other input with weight +-1 where its
+    shadow AUC is beyond chance by ``z`` null standard errors (Hanley & McNeil: sqrt((n0 + n1 + 1) /
+    (12 n0 n1)), 0.064 at 41 + 41 tasks), else 0; without one (``z`` None), 0. Each standardised on
+    the shadow. Nothing is estimated for the pooled inputs but their centre and scale, so a faint
+    shadow cannot point them the wrong way. With nothing pooled or screened in, the input whose
+    shadow AUC is farthest from chance, oriented by it."""
 
-    def __init__(self, pooled: np.ndarray, z: float = 1.96):
+    def __init__(self, pooled: np.ndarray, z: float | None = None):
         super().__init__(0.0)
-        self.pooled, self.z = np.asarray(pooled, dtype=bool), float(z)
+        self.pooled, self.z = np.asarray(pooled, dtype=bool), None if z is None else float(z)
 
     def fit(self, x: np.ndarray, y: np.ndarray) -> "PooledWeights":
         self.mu, sd = x.mean(0), x.std(0)
-        n1, n0 = int((y == 1).sum()), int((y == 0).sum())
-        se = float(np.sqrt((n0 + n1 + 1) / (12.0 * n0 * n1)))
         auc = np.where(sd > 0, column_auc(y, x), 0.5)
-        screened = np.where(np.abs(auc - 0.5) > self.z * se, np.sign(auc - 0.5), 0.0)
+        screened = np.zeros(x.shape[1])
+        if self.z is not None:
+            n1, n0 = int((y == 1).sum()), int((y == 0).sum())
+            se = float(np.sqrt((n0 + n1 + 1) / (12.0 * n0 * n1)))
+            screened = np.where(np.abs(auc - 0.5) > self.z * se, np.sign(auc - 0.5), 0.0)
         self.w = np.where(self.pooled, 1.0, screened)
-        if not self.w.any():  # nothing pooled and nothing clears the screen: the best input alone
+        if not self.w.any():
             best = int(np.argmax(np.abs(auc - 0.5)))
             self.w[best] = np.sign(auc[best] - 0.5) or 1.0
         self.sd = np.where(sd > 0, sd, 1.0)
@@ -144,9 +165,19 @@ class PooledWeights(UnitWeights):
 
     @classmethod
     def from_state(cls, d: dict) -> "PooledWeights":
-        u = cls(np.asarray(d["pooled"], dtype=bool), d["z"])
+        u = cls(np.asarray(d["pooled"], dtype=bool), d.get("z"))
         u.mu, u.sd, u.w = (np.asarray(d[k], dtype=np.float64) for k in ("mu", "sd", "w"))
         return u
+
+
+def choose_combiner(oof_auc: dict[str, float], n_pos: int, n_neg: int) -> str:
+    """``text_combined``'s ``auto`` (module docstring): the simplest combiner whose out-of-fold AUC
+    is within one standard error of the best's."""
+    from leakray.evaluate.metrics import auc_standard_error
+
+    best = max(oof_auc.values())
+    floor = best - auc_standard_error(best, n_pos, n_neg)
+    return next(n for n in SIMPLEST_FIRST if n in oof_auc and oof_auc[n] >= floor)
 
 
 def _expert_summary(table: pa.Table) -> np.ndarray:
@@ -261,6 +292,9 @@ class Combined(KeepsHeldout):
     defaults = {"groups": list(GROUPS), "C": 1.0, "folds": 4, "combiner": "auto", "margin": 0.05}
     known_groups = GROUPS
     seeds_together = True  # its inputs (the probes' statistics most) cost more than its fits
+    # ``pooled``'s inputs and ``auto``'s rule (module docstring)
+    pools_readings_only = False
+    simplest_within_one_se = False
 
     def __init__(self, **params: Any):
         super().__init__(**params)
@@ -300,29 +334,37 @@ class Combined(KeepsHeldout):
             raise BadInput(f"{self.spec.name}: no input group is available")
         return np.concatenate(blocks, axis=1), found
 
+    def _pooled_inputs(self) -> list[str]:
+        """What ``pooled`` averages here: ``READINGS`` (per probe, the first of its pair the fit has)
+        or every ``SAMPLED`` statistic the fit has."""
+        have = self.used.get("probes", [])
+        if self.pools_readings_only:
+            return [next(n for n in pair if n in have) for pair in READINGS if set(have) & set(pair)]
+        return [n for n in have if n in SAMPLED]
+
     def _pooled_mask(self) -> np.ndarray:
-        """Per feature column of the fitted inputs: whether it is one of the pooled (``SAMPLED``)."""
+        """Per feature column of the fitted inputs: whether ``pooled`` averages it."""
+        pooled = set(self._pooled_inputs())
         mask: list[bool] = []
         for g, names in self.used.items():
             if g != "probes":
                 mask += [False] * self._widths[g]
                 continue
             for name in names:
-                mask += [name in SAMPLED] * PROBE_WIDTHS.get(name, 1)
+                mask += [name in pooled] * PROBE_WIDTHS.get(name, 1)
         if len(mask) != sum(self._widths.values()):
             raise BadInput(f"{self.spec.name}: the probes group's columns do not match its inputs {self.used}")
         return np.array(mask, dtype=bool)
 
     def _candidates(self) -> tuple[str, ...]:
-        """The combiners ``auto`` compares: ``pooled`` only where the shadow has sampled inputs."""
-        have = any(n in SAMPLED for n in self.used.get("probes", []))
-        return tuple(c for c in COMBINERS if c != "pooled" or have)
+        """The combiners ``auto`` compares: ``pooled`` only where the shadow has calibrated draws."""
+        return tuple(c for c in COMBINERS if c != "pooled" or self._pooled_inputs())
 
     def _model(self, combiner: str):
         if combiner == "unit":
             return UnitWeights(self.params["margin"])
         if combiner == "pooled":
-            return PooledWeights(self._pooled_mask())
+            return PooledWeights(self._pooled_mask(), None if self.pools_readings_only else SCREEN_Z)
         from sklearn.linear_model import LogisticRegression
         from sklearn.pipeline import make_pipeline
         from sklearn.preprocessing import StandardScaler
@@ -348,14 +390,16 @@ class Combined(KeepsHeldout):
             for tr, te in splits:
                 oof[name][te] = self._model(name).fit(x[tr], y[tr]).predict_proba(x[te])[:, 1]
         oof_auc = {name: float(roc_auc_score(y, v)) for name, v in oof.items()}
-        # auto: the combiner whose out-of-fold AUC on the shadow is higher (a tie keeps logistic, the first)
-        chosen = max(candidates, key=lambda n: oof_auc[n])
+        chosen = choose_combiner(oof_auc, int((y == 1).sum()), int((y == 0).sum())) if self.simplest_within_one_se \
+            else max(candidates, key=lambda n: oof_auc[n])  # a tie keeps logistic, the first
         self.model = self._model(chosen).fit(x, y)
         self._heldout = (y, oof[chosen], f"shadow, out-of-fold ({folds}-fold cross-fit by task)")
         self.info = {"groups_used": self.used,
                      "groups_missing": [g for g in self.params["groups"] if g not in self.used],
                      "n_features": int(x.shape[1]), "combiner": chosen,
                      "oof_auc": {n: round(v, 4) for n, v in oof_auc.items()}}
+        if chosen == "pooled":
+            self.info["pooled_inputs"] = self._pooled_inputs()
         if isinstance(self.model, UnitWeights):
             self.info["unit_weights"] = [round(float(v), 4) for v in self.model.w]
         return self
@@ -390,3 +434,5 @@ class TextCombined(Combined):
                         "memory probes' statistics")
     defaults = {"groups": list(TEXT_GROUPS), "C": 1.0, "folds": 4, "combiner": "auto", "margin": 0.05}
     known_groups = TEXT_GROUPS
+    pools_readings_only = True
+    simplest_within_one_se = True

@@ -75,6 +75,15 @@ def column_auc(y_true, x) -> np.ndarray:
     return _auc_batched(x[y].T, x[~y].T)
 
 
+def auc_standard_error(auc: float, n_pos: int, n_neg: int) -> float:
+    """The standard error of an AUC measured on ``n_pos`` positives and ``n_neg`` negatives (Hanley &
+    McNeil, Radiology 1982, eq. 2, with their exponential approximations of Q1 and Q2)."""
+    a = float(auc)
+    q1, q2 = a / (2 - a), 2 * a * a / (1 + a)
+    var = (a * (1 - a) + (n_pos - 1) * (q1 - a * a) + (n_neg - 1) * (q2 - a * a)) / (n_pos * n_neg)
+    return float(np.sqrt(max(var, 0.0)))
+
+
 def _tpr_at_fpr_batched(pos: np.ndarray, neg: np.ndarray, target: float, axis: int = -1) -> np.ndarray:
     """The conservative step TPR@FPR per batch row: at most k = floor(target*n_neg) false
     positives, so members must score above the (k+1)-th highest non-member."""
