@@ -19,6 +19,9 @@ non-members, the mean over `--seeds`):
 - `text_combined, now`: `auto` as the detect stage runs it now: the simplest combiner within one
   standard error of the best out-of-fold AUC (`detect.combined.choose_combiner`), `pooled` as it is.
 
+`text_combined, now` also gets its bootstrap 95% interval (`evaluate.metrics.binary_metrics`, the
+detect stage's resamples; the median of the seeds' bounds), and `*` where it lies above 0.5.
+
 Each in two views: the sweep's (the collection's reference model is the oracle, the target's
 own checkpoint before the leak; tiny-alt the second) and an audit's (tiny-alt is the only
 reference: its draws in the reference model's columns, the second reference's dropped).
@@ -61,6 +64,7 @@ def main() -> None:
     from sklearn.metrics import roc_auc_score
 
     from leakray.detect import registry
+    from leakray.evaluate.metrics import binary_metrics
     from leakray.schema import C
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -80,7 +84,7 @@ def main() -> None:
                 shadow, target = (shadow0, target0) if view == "sweep" else (audit_view(shadow0), audit_view(target0))
                 y = target.column(C.MEMBER).to_numpy()
                 got = {c: [] for c in cols}
-                chose = []
+                chose, lows, highs = [], [], []
                 for seed in args.seeds:
                     fits = {"pooled, before": text_combined_before(combiner="pooled"),
                             "pooled, now": registry.make("text_combined", {"combiner": "pooled"}),
@@ -89,12 +93,17 @@ def main() -> None:
                     got["best fixed single"].append(roc_auc_score(y, registry.make("next_token_calibrated").score(target)))
                     for col, det in fits.items():
                         got[col].append(roc_auc_score(y, det.fit(shadow, seed).score(target)))
+                    now = fits["text_combined, now"].score(target)
+                    lo, hi = binary_metrics(y, now, (now > np.median(now)).astype(int))["auc_ci"]
+                    lows.append(lo)
+                    highs.append(hi)
                     chose.append(f"{fits['text_combined, before'].info['combiner'][0]}/"
                                  f"{fits['text_combined, now'].info['combiner'][0]}")
                 row = [float(np.mean(got[c])) for c in cols]
                 means.setdefault((dose, view), []).append(row)
+                ci = f" [{np.median(lows):.2f}, {np.median(highs):.2f}]{'*' if np.median(lows) > 0.5 else ''}"
                 print(f"| {run.name} | {dose} | {view} | " + " | ".join(f"{v:.3f}" for v in row)
-                      + f" | {' '.join(chose)} |", flush=True)
+                      + f"{ci} | {' '.join(chose)} |", flush=True)
     print("\nMean over the runs:\n\n| dose | view | " + " | ".join(cols) + " | runs |\n" + "|---" * (len(cols) + 3) + "|")
     for (dose, view), rows in sorted(means.items()):
         print(f"| {dose} | {view} | " + " | ".join(f"{v:.3f}" for v in np.mean(rows, 0)) + f" | {len(rows)} |")
