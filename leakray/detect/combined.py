@@ -75,7 +75,7 @@ from leakray.detect.arrays import list_column, per_table
 from leakray.detect.base import DetectorSpec, KeepsHeldout, labels, missing_input, task_keys
 from leakray.detect.datafiles import MODEL_FILE, load_sklearn, save_sklearn
 from leakray.errors import BadInput
-from leakray.evaluate.metrics import column_auc
+from leakray.evaluate.metrics import auc_standard_error, column_auc
 from leakray.schema import C
 
 GROUPS = ("expert", "semantic", "likelihood", "generation", "advprompt", "probes")
@@ -150,8 +150,8 @@ class PooledWeights(UnitWeights):
         auc = np.where(sd > 0, column_auc(y, x), 0.5)
         screened = np.zeros(x.shape[1])
         if self.z is not None:
-            n1, n0 = int((y == 1).sum()), int((y == 0).sum())
-            se = float(np.sqrt((n0 + n1 + 1) / (12.0 * n0 * n1)))
+            # at AUC 0.5 Hanley & McNeil's standard error is the Mann-Whitney null's sqrt((n0 + n1 + 1) / (12 n0 n1))
+            se = auc_standard_error(0.5, int((y == 1).sum()), int((y == 0).sum()))
             screened = np.where(np.abs(auc - 0.5) > self.z * se, np.sign(auc - 0.5), 0.0)
         self.w = np.where(self.pooled, 1.0, screened)
         if not self.w.any():
@@ -173,8 +173,6 @@ class PooledWeights(UnitWeights):
 def choose_combiner(oof_auc: dict[str, float], n_pos: int, n_neg: int) -> str:
     """``text_combined``'s ``auto`` (module docstring): the simplest combiner whose out-of-fold AUC
     is within one standard error of the best's."""
-    from leakray.evaluate.metrics import auc_standard_error
-
     best = max(oof_auc.values())
     floor = best - auc_standard_error(best, n_pos, n_neg)
     return next(n for n in SIMPLEST_FIRST if n in oof_auc and oof_auc[n] >= floor)
