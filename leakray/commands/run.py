@@ -94,6 +94,12 @@ def run_audit_cmd(args, card_only: bool = False) -> int:
     if args.no_reuse:
         overrides.append("reuse_stages=false")
     cfg = load_config([AUDIT_DEFAULTS, *args.config], overrides, AuditConfig)
+    if getattr(args, "plan", False):  # count what the audit would ask of its target; run nothing
+        from leakray.protocols.audit_plan import audit_requests, plan_lines
+        from leakray.protocols.simulate import load_tasks
+
+        print("\n".join(plan_lines(cfg, audit_requests(cfg, load_tasks(cfg)))))
+        return 0
     run_audit(cfg, Console(verbose=args.verbose), card_only=card_only)
     return 0
 
@@ -117,6 +123,9 @@ def register(sub) -> None:
                    help="tasks of the benchmark's kind the target cannot have seen (written after its cutoff, a "
                         "private split): the control route measures the null on them")
     p.add_argument("--quick", action="store_true", help="smoke-sized audit: " + " ".join(AUDIT_QUICK))
+    p.add_argument("--plan", action="store_true",
+                   help="print what the audit would ask of the target (requests, choices, tokens, prompt characters, "
+                        "per part) and exit: nothing is run or sent")
     p.set_defaults(func=run_audit_cmd)
 
     card = sub.add_parser("card", help="detector cards: fitted detectors + calibration, reusable across audits")

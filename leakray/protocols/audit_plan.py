@@ -1,0 +1,92 @@
+"""`leakray audit --plan`: what an audit will ask of the model under audit, before it asks.
+
+On a hosted API an audit is paid by the request and the token, and rate-limited by both; most of
+its requests are the text-only probes' (docs/AUDIT.md, "What an audit asks of an endpoint"). The
+plan counts every request the audit's stages send the target
+(`stages.request_plan`: its collection; the rewrite test's and the control route's `echo` scores;
+the one-token check before any stage), from the tasks and the config alone: no model is loaded, no
+request sent, no stage run. The shadow, the reference models and the detectors run here and cost
+no request."""
+
+from __future__ import annotations
+
+from leakray.config import AuditConfig, to_stage
+from leakray.data.tasks import continuation, program_of
+from leakray.features.probes import DRAW_PROBES
+from leakray.stages.request_plan import Part, RequestPlan, collection_requests
+from leakray.schema import T
+
+CHECK_PROMPT = "def f():\n"  # EndpointSampler.check's one-token request
+
+
+def _echo(part: Part, prompt: str, reference: str) -> None:
+    """One `echo` request scoring ``reference`` after ``prompt`` (`EndpointSampler._loss_one`)."""
+    cont = continuation(prompt, reference)
+    if cont.strip():
+        part.add(program_of(prompt, cont), 1, 0)
+
+
+def audit_requests(cfg: AuditConfig, tasks: list[dict]) -> RequestPlan:
+    """Per part, the requests the audit of ``tasks`` sends its target (the module docstring)."""
+    from leakray.protocols.simulate import collect_config
+
+    a = cfg.audit
+    extra = collect_config(cfg).extra
+    plan = collection_requests(tasks, to_stage(cfg.sample), extra, None, tuple(cfg.columns.advprompt_kinds))
+    if cfg.sample.backend == "openai":  # the one-token check an audit of an endpoint asks first
+        plan.parts.insert(0, Part("endpoint check", 1, 1, 1, len(CHECK_PROMPT)))
+    if a.rewrites:
+        from leakray.perturb.rewrite import solution_rewrites
+
+        part = Part("rewrite test (echo)")
+        for t in tasks:
+            if t[T.LANGUAGE] != "python":
+                continue
+            got = solution_rewrites(t[T.PROMPT], t[T.REFERENCE], t[T.TESTS], a.rewrites, a.rewrite_seed, t[T.TASK_ID])
+            if not isinstance(got, str):
+                for program in [t[T.REFERENCE], *got]:
+                    _echo(part, t[T.PROMPT], program)
+        plan.parts.append(part)
+    if a.control:
+        from leakray.protocols.control_scores import load_control
+
+        part = Part("control route (echo)")
+        for t in tasks + load_control(a.control, tasks):
+            _echo(part, t[T.PROMPT], t[T.REFERENCE])
+        plan.parts.append(part)
+    return plan
+
+
+def plan_lines(cfg: AuditConfig, plan: RequestPlan) -> list[str]:
+    """The plan as a table a user reads before starting a paid audit."""
+    served = cfg.sample.backend == "openai"
+    where = (f"the endpoint {cfg.sample.endpoint_url} (model {cfg.sample.endpoint_model or cfg.audit.target})"
+             if served else f"the target, served here ({cfg.sample.backend}): nothing is sent to an endpoint; "
+                            "the counts are what one serving it would be asked")
+    rows = [("part", "requests", "choices", "tokens generated, at most", "prompt characters sent")]
+    for p in [*plan.parts, plan.total]:
+        rows.append((p.name, f"{p.requests:,}", f"{p.choices:,}", f"{p.max_tokens:,}", f"{p.characters:,}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+
+    def fmt(r: tuple) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+
+    total = plan.total
+    lines = [f"What this audit of {plan.tasks} tasks will ask of {where}:", "", fmt(rows[0]),
+             *(fmt(r) for r in rows[1:-1]), fmt(rows[-1]), "",
+             f"Per task: {total.requests / max(plan.tasks, 1):,.1f} requests, "
+             f"{total.characters / max(plan.tasks, 1):,.0f} prompt characters.",
+             "Counted with every request answered the first time: retries (sample.max_retries), rows tried again "
+             "(sample.row_retries) and the one extra request after a refused option (logprobs, max_tokens=0) add to "
+             "it. An endpoint that refuses echo is asked for it once per sampler worker (ray.sample_actors) and once "
+             "by each of the rewrite test and the control route, in place of the echo rows above. Prompt characters "
+             "are not tokens: the endpoint's tokenizer decides how many tokens they are."]
+    lines += [f"Upper bound: {why}." for why in plan.bound]
+    largest = max(plan.parts, key=lambda p: p.choices)
+    probe = largest.name.removeprefix("probe: ")
+    if probe in DRAW_PROBES:
+        lines.append(f"Most of it is the {probe} probe's draws ({largest.choices:,} one-token choices in "
+                     f"{largest.requests:,} requests): fewer draws per "
+                     "cut (columns.next_draws), fewer cuts per task (columns.next_cuts), or leaving the probe or the "
+                     "detectors that read it out (columns.probes, detect.detectors) makes it smaller.")
+    return lines

@@ -1,0 +1,106 @@
+"""`leakray audit --plan`: the requests an audit will send its target, counted before it runs, are
+the requests it sends (a collection through the local endpoint server, every pass switched on)."""
+
+import json
+
+import pyarrow as pa
+import pytest
+
+from leakray.schema import C, T
+
+PROMPT_A = 'def add(a, b):\n    """Return a + b."""\n'
+PROMPT_B = 'def first(xs):\n    """The first item of xs, or None."""\n'
+
+
+def _tasks() -> list[dict]:
+    rows = [("a", PROMPT_A, PROMPT_A + "    return a + b\n"),
+            ("b", PROMPT_B, PROMPT_B + "    if not xs:\n        return None\n    return xs[0]\n"),
+            ("empty", PROMPT_A, PROMPT_A)]  # no continuation: nothing to score, nothing to cut
+    return [{T.TASK_ID: tid, T.BENCHMARK: "toy", T.LANGUAGE: "python", T.PROMPT: p, T.REFERENCE: r,
+             T.TESTS: "", T.RUNNER: "python"} for tid, p, r in rows]
+
+
+def test_the_plan_counts_every_request_a_collection_sends(tiny_lm):
+    from leakray.features.probes import PROBES
+    from leakray.models.endpoint_server import CompletionServer, HFBackend
+    from leakray.models.sampler import SampleConfig
+    from leakray.stages.collect import ExtraColumns, SampleStage, finalize, input_table
+    from leakray.stages.request_plan import collection_requests
+
+    tasks = _tasks()
+    # AdvPrompt's slots as the perturb stage leaves them: some proved, some empty
+    adv = [[PROMPT_A, PROMPT_A.replace("add", "plus"), ""], [PROMPT_B, "", PROMPT_B.upper()], [PROMPT_A, "", ""]]
+    table = input_table(tasks, {}, set()).append_column(C.ADV_PROMPTS, pa.array(adv, pa.list_(pa.string())))
+    # more draws per cut than one request takes: each cut goes out as several requests
+    extra = ExtraColumns(upper_case=True, advprompt=True, probes=PROBES, probe_tokens=6, next_cuts=3, next_draws=5)
+    with CompletionServer(HFBackend(str(tiny_lm[0]))) as srv:
+        sample = SampleConfig(backend="openai", endpoint_url=srv.url, k=2, max_new_tokens=10, max_n=2,
+                              max_retries=0, row_retries=0)
+        got = finalize(SampleStage(str(tiny_lm[0]), sample, extra)(table))
+        bodies = list(srv.requests)
+    assert got.num_rows == 3 and not any(n.startswith("failed") for ns in got.column(C.NOTES).to_pylist() for n in ns)
+    plan = collection_requests(tasks, sample, extra, adv)
+    parts = {p.name: p for p in plan.parts}
+    assert set(parts) == {"samples", "reference scores (echo)", "upper-cased prompt", "AdvPrompt variants",
+                          *(f"probe: {p}" for p in PROBES)}
+    echo = [b for b in bodies if b.get("echo")]
+    draws = [b for b in bodies if b.get("temperature") == 1.0 and b.get("max_tokens") == 1]
+    assert len(echo) == parts["reference scores (echo)"].requests == 2  # the empty continuation is not scored
+    assert len(draws) == sum(parts[f"probe: {p}"].requests for p in ("next", "question"))
+    assert all(b["n"] <= 2 for b in draws) and sum(b["n"] for b in draws) == \
+        sum(parts[f"probe: {p}"].choices for p in ("next", "question"))
+    assert parts["AdvPrompt variants"].requests == 5  # the proved slots only (2 + 2 + 1)
+    total = plan.total
+    assert len(bodies) == total.requests and sum(b.get("n", 1) for b in bodies) == total.choices
+    assert sum(b.get("n", 1) * b["max_tokens"] for b in bodies if not b.get("echo")) == total.max_tokens
+    assert sum(len(b["prompt"]) for b in bodies) == total.characters
+    assert not plan.bound  # every count exact here
+
+    # without the proved variants (a plan made before the perturb stage ran): every slot, said so
+    bound = collection_requests(tasks, sample, extra, None)
+    from leakray.perturb.core import SLOTS
+
+    assert {p.name: p.requests for p in bound.parts}["AdvPrompt variants"] == 3 * (1 + len(SLOTS))
+    assert len(bound.bound) == 1 and bound.bound[0].startswith("AdvPrompt variants")
+    one_kind = collection_requests(tasks, sample, extra, None, advprompt_kinds=("IDP",))
+    assert {p.name: p.requests for p in one_kind.parts}["AdvPrompt variants"] == \
+        3 * (1 + sum(1 for kind, _ in SLOTS if kind == "IDP"))
+
+
+def test_audit_plan_adds_the_check_the_rewrite_test_and_the_control_route(tmp_path):
+    from leakray.config import AUDIT_DEFAULTS, AuditConfig, load_config
+    from leakray.perturb.rewrite import solution_rewrites
+    from leakray.protocols.audit_plan import audit_requests, plan_lines
+
+    control = tmp_path / "control.jsonl"
+    control.write_text("".join(json.dumps({  # HumanEval's own format, as its reader takes it
+        "task_id": f"Fresh/{i}", "prompt": f'def f{i}(x):\n    """x plus {i}."""\n',
+        "canonical_solution": f"    return x + {i}\n", "entry_point": f"f{i}",
+        "test": f"def check(candidate):\n    assert candidate(1) == {1 + i}\n"}) + "\n" for i in range(5)))
+    cfg = load_config([AUDIT_DEFAULTS], ["audit.target=served", "sample.backend=openai",
+                                         "sample.endpoint_url=http://localhost:9/v1", "audit.rewrites=4",
+                                         f"audit.control=humaneval={control}"], AuditConfig)
+    tasks = _tasks()
+    plan = audit_requests(cfg, tasks)
+    parts = {p.name: p for p in plan.parts}
+    assert plan.parts[0].name == "endpoint check" and parts["endpoint check"].requests == 1
+    rewrites = [solution_rewrites(t[T.PROMPT], t[T.REFERENCE], t[T.TESTS], 4, cfg.audit.rewrite_seed, t[T.TASK_ID])
+                for t in tasks]
+    # the original and each rewrite, scored where the task has something to score
+    assert parts["rewrite test (echo)"].requests == sum(1 + len(r) for r, t in zip(rewrites, tasks)
+                                                        if not isinstance(r, str) and t[T.PROMPT] != t[T.REFERENCE])
+    assert parts["control route (echo)"].requests == 2 + 5  # two benchmark tasks have a continuation
+    text = "\n".join(plan_lines(cfg, plan))
+    assert "http://localhost:9/v1" in text and f"{plan.total.requests:,}" in text and "nothing is sent" not in text
+
+
+def test_plan_flag_prints_and_runs_nothing(tmp_path, capsys):
+    from leakray.cli import main
+
+    out = tmp_path / "runs"
+    assert main(["audit", "--quick", "--plan", "--output", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "What this audit of 32 tasks will ask of the target, served here (hf): nothing is sent" in text
+    assert "samples" in text and "total" in text and "endpoint check" not in text and not out.exists()
+    with pytest.raises(SystemExit):  # card build has no target to plan for
+        main(["card", "build", "--plan"])
