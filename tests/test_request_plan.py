@@ -67,6 +67,30 @@ def test_the_plan_counts_every_request_a_collection_sends(tiny_lm):
         3 * (1 + sum(1 for kind, _ in SLOTS if kind == "IDP"))
 
 
+def test_the_rewrite_test_and_the_control_route_send_what_the_plan_counts(tiny_lm):
+    from leakray.models.endpoint_server import CompletionServer, HFBackend
+    from leakray.models.sampler import SampleConfig
+    from leakray.protocols.audit_plan import control_requests, rewrite_requests
+    from leakray.protocols.control_scores import control_scores
+    from leakray.protocols.rewrite_scores import rewrite_scores
+
+    summing = 'def total(xs):\n    """The sum of xs."""\n'
+    tasks = [*_tasks(), {**_tasks()[0], T.TASK_ID: "sum", T.PROMPT: summing,
+                         T.REFERENCE: summing + "    s = 0\n    for x in xs:\n        s += x\n    return s\n"}]
+    model = str(tiny_lm[0])
+    with CompletionServer(HFBackend(model)) as srv:
+        sample = SampleConfig(backend="openai", endpoint_url=srv.url, k=1, max_new_tokens=8, max_retries=0)
+        rewritten = rewrite_scores(tasks, "served", sample, model, 3, 0)
+        after_rewrites = list(srv.requests)
+        control_scores(tasks[:2], tasks[2:], "served", sample, model)
+        after_control = list(srv.requests)[len(after_rewrites):]
+    assert max(rewritten.column("n_rewrites").to_pylist()) > 0  # the summing task has locals to rename
+    for part, bodies in ((rewrite_requests(tasks, 3, 0), after_rewrites),
+                         (control_requests(tasks[:2], tasks[2:]), after_control)):
+        assert all(b.get("echo") for b in bodies)
+        assert part.requests == len(bodies) > 0 and part.characters == sum(len(b["prompt"]) for b in bodies)
+
+
 def test_audit_plan_adds_the_check_the_rewrite_test_and_the_control_route(tmp_path):
     from leakray.config import AUDIT_DEFAULTS, AuditConfig, load_config
     from leakray.perturb.rewrite import solution_rewrites

@@ -26,6 +26,31 @@ def _echo(part: Part, prompt: str, reference: str) -> None:
         part.add(program_of(prompt, cont), 1, 0)
 
 
+def rewrite_requests(tasks: list[dict], n_rewrites: int, seed: int) -> Part:
+    """The rewrite test's requests (`protocols.rewrite_scores`): each Python task's solution and its
+    rewrites, each scored by `echo` under the target."""
+    from leakray.perturb.rewrite import solution_rewrites
+
+    part = Part("rewrite test (echo)")
+    for t in tasks:
+        if t[T.LANGUAGE] != "python":
+            continue
+        got = solution_rewrites(t[T.PROMPT], t[T.REFERENCE], t[T.TESTS], n_rewrites, seed, t[T.TASK_ID])
+        if not isinstance(got, str):  # a reason none can be made: nothing is scored
+            for program in [t[T.REFERENCE], *got]:
+                _echo(part, t[T.PROMPT], program)
+    return part
+
+
+def control_requests(tasks: list[dict], control: list[dict]) -> Part:
+    """The control route's requests (`protocols.control_scores`): every benchmark and control task
+    scored by `echo` under the target."""
+    part = Part("control route (echo)")
+    for t in tasks + control:
+        _echo(part, t[T.PROMPT], t[T.REFERENCE])
+    return part
+
+
 def audit_requests(cfg: AuditConfig, tasks: list[dict]) -> RequestPlan:
     """Per part, the requests the audit of ``tasks`` sends its target (the module docstring)."""
     from leakray.protocols.simulate import collect_config
@@ -36,24 +61,11 @@ def audit_requests(cfg: AuditConfig, tasks: list[dict]) -> RequestPlan:
     if cfg.sample.backend == "openai":  # the one-token check an audit of an endpoint asks first
         plan.parts.insert(0, Part("endpoint check", 1, 1, 1, len(CHECK_PROMPT)))
     if a.rewrites:
-        from leakray.perturb.rewrite import solution_rewrites
-
-        part = Part("rewrite test (echo)")
-        for t in tasks:
-            if t[T.LANGUAGE] != "python":
-                continue
-            got = solution_rewrites(t[T.PROMPT], t[T.REFERENCE], t[T.TESTS], a.rewrites, a.rewrite_seed, t[T.TASK_ID])
-            if not isinstance(got, str):
-                for program in [t[T.REFERENCE], *got]:
-                    _echo(part, t[T.PROMPT], program)
-        plan.parts.append(part)
+        plan.parts.append(rewrite_requests(tasks, a.rewrites, a.rewrite_seed))
     if a.control:
         from leakray.protocols.control_scores import load_control
 
-        part = Part("control route (echo)")
-        for t in tasks + load_control(a.control, tasks):
-            _echo(part, t[T.PROMPT], t[T.REFERENCE])
-        plan.parts.append(part)
+        plan.parts.append(control_requests(tasks, load_control(a.control, tasks)))
     return plan
 
 
