@@ -370,6 +370,7 @@ ADDED_LATER = {("benchmark", "fold_balance"): "none", ("sample", "max_n"): 128}
 # the first attempt was, so what a row holds does not depend on these, only whether it is lost. A
 # resumed run with another value is the same run.
 UNHASHED_SAMPLE = ("row_retries", "row_retry_wait_s")
+UNHASHED_AUDIT = ("max_requests",)  # a budget: what an audit computes does not depend on it
 
 
 class SimulateConfig(Section):
@@ -423,6 +424,8 @@ class SimulateConfig(Section):
         out = self.model_dump(exclude={"output_dir", "ray", "reuse_stages"})
         for key in UNHASHED_SAMPLE:
             out["sample"].pop(key, None)
+        for key in UNHASHED_AUDIT:
+            out.get("audit", {}).pop(key, None)
         if out["detect"]["detectors"] == "all":
             from leakray.detect import registry
 
@@ -467,6 +470,9 @@ class AuditSection(Section):
     fdr: float = Field(0.1, gt=0, lt=1)  # 'suspected' = q-value <= fdr (expected share of false leaks)
     lam: float = Field(0.5, gt=0, lt=1)  # Storey's lambda (rewrite test, control route): p-values above it are taken as nulls
     max_width: float = Field(0.3, gt=0, le=1)  # either route: no number when its 95% interval is wider
+    # an audit of an endpoint whose plan (`leakray audit --plan`) asks more requests is refused before
+    # any stage; None: no cap. A budget, not an input: runs with and without it are the same run
+    max_requests: int | None = Field(None, ge=1)
     # which estimate to print: auto = the control route when control tasks were given and its checks
     # hold, else self-calibrated when its checks hold, else the card's when it transfers, else a
     # statement; or force one route (still refused when its checks fail)

@@ -128,3 +128,23 @@ def test_plan_flag_prints_and_runs_nothing(tmp_path, capsys):
     assert "samples" in text and "total" in text and "endpoint check" not in text and not out.exists()
     with pytest.raises(SystemExit):  # card build has no target to plan for
         main(["card", "build", "--plan"])
+
+
+def test_an_endpoint_audit_over_its_request_budget_is_refused_before_it_asks(tmp_path, capsys):
+    """`audit.max_requests`: the plan is said before anything is sent, and an audit whose plan asks
+    more is refused with the largest part named; the cap is a budget, not an input (the run's
+    hash does not change with it)."""
+    from leakray.cli import main
+    from leakray.config import AUDIT_DEFAULTS, AuditConfig, load_config
+
+    out = tmp_path / "runs"
+    endpoint = ["--target", "served", "--set", "sample.backend=openai", "--set", "sample.endpoint_url=http://127.0.0.1:9/v1",
+                "--quick", "--output", str(out)]
+    assert main(["audit", *endpoint, "--set", "audit.max_requests=100"]) == 2
+    err = capsys.readouterr()
+    assert "this audit will ask the endpoint" in err.out
+    assert "more than audit.max_requests=100" in err.err and "probe: question" in err.err
+    assert not list(out.glob("*/collect_target")) and not list(out.glob("*/shadow"))  # nothing ran
+    same = [load_config([AUDIT_DEFAULTS], [f"audit.max_requests={n}"] if n else [], AuditConfig).hashed()
+            for n in (None, 100)]
+    assert same[0] == same[1]

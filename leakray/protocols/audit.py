@@ -347,6 +347,9 @@ def run_audit(cfg: AuditConfig, console: Console | None = None, card_only: bool 
         for line in card_mismatches(card, cfg, tasks):
             console.warn(line)
     if cfg.sample.backend == "openai" and not card_only and not (run_dir / "collect_target" / MARKER).exists():
+        from leakray.protocols.audit_plan import check_budget
+
+        check_budget(cfg, tasks, console)  # what it will ask, before it asks; over audit.max_requests: refused
         check_endpoint(cfg, console)  # a wrong URL, model name or key: refused now, not after the card
     runner = stage_runner(cfg, store, console)
     keys = audit_keys(cfg, tasks_digest, card_id, control_digest)

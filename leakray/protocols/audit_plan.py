@@ -11,6 +11,7 @@ no request."""
 from __future__ import annotations
 
 from leakray.config import AuditConfig, to_stage
+from leakray.errors import BadInput
 from leakray.data.tasks import continuation, program_of
 from leakray.features.probes import DRAW_PROBES
 from leakray.stages.request_plan import Part, RequestPlan, collection_requests
@@ -102,3 +103,18 @@ def plan_lines(cfg: AuditConfig, plan: RequestPlan) -> list[str]:
                      "cut (columns.next_draws), fewer cuts per task (columns.next_cuts), or leaving the probe or the "
                      "detectors that read it out (columns.probes, detect.detectors) makes it smaller.")
     return lines
+
+
+def check_budget(cfg: AuditConfig, tasks: list[dict], console) -> RequestPlan:
+    """Before an audit of an endpoint sends anything: say what it will ask, and refuse it when that
+    is more than `audit.max_requests` (the plan's count: retries come on top)."""
+    plan = audit_requests(cfg, tasks)
+    total, cap = plan.total, cfg.audit.max_requests
+    console.say(f"this audit will ask the endpoint {total.requests:,} requests ({total.choices:,} choices, "
+                f"{total.characters:,} prompt characters; `leakray audit ... --plan` gives the parts)")
+    if cap is not None and total.requests > cap:
+        largest = max(plan.parts, key=lambda p: p.requests)
+        raise BadInput(f"the audit would send the endpoint {total.requests:,} requests, more than "
+                       f"audit.max_requests={cap:,} (the largest part: {largest.name}, {largest.requests:,}); "
+                       "raise the cap or ask for less (leakray audit ... --plan)", field="audit.max_requests")
+    return plan
