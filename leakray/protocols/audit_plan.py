@@ -11,11 +11,11 @@ no request."""
 from __future__ import annotations
 
 from leakray.config import AuditConfig, to_stage
-from leakray.errors import BadInput
 from leakray.data.tasks import continuation, program_of
+from leakray.errors import BadInput
 from leakray.features.probes import DRAW_PROBES
-from leakray.stages.request_plan import Part, RequestPlan, collection_requests
 from leakray.schema import T
+from leakray.stages.request_plan import Part, RequestPlan, collection_requests
 
 CHECK_PROMPT = "def f():\n"  # EndpointSampler.check's one-token request
 

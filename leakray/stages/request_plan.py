@@ -12,9 +12,9 @@ rate-limits the requests.
 The counts assume every request is answered the first time: a retry (`sample.max_retries`), a
 row tried again (`sample.row_retries`) or the one extra request after a refused option (`logprobs`,
 `max_tokens=0` with `echo`) adds to them, and an endpoint that refuses `echo` is asked for it once
-per sampler, not once per task. AdvPrompt's variants come from the perturb stage, which keeps only the variants it
-proved: without them (``adv_prompts`` None) each task is counted with every slot of the completed
-kinds, an upper bound, and each variant as long as the task's prompt.
+per sampler, not once per task. AdvPrompt's variants come from the perturb stage, which keeps
+only the variants it proved: without them (``adv_prompts`` None) each task is counted with every
+slot of the completed kinds, an upper bound, and each variant as long as the task's prompt.
 """
 
 from __future__ import annotations
