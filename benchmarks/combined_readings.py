@@ -35,6 +35,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from pooled_readings import auc_interval, runs_once, score_fits  # noqa: E402
 
 EXACT = ("ref_calibrated", "ref_calibrated_text")
 
@@ -108,7 +111,6 @@ def main() -> None:
     from sklearn.metrics import roc_auc_score
 
     from leakray.detect import registry
-    from leakray.evaluate.metrics import binary_metrics
     from leakray.schema import C
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -120,38 +122,31 @@ def main() -> None:
     cols = singles + fitted
     print("| run | dose | split | view | " + " | ".join(cols) + " | leakray_combined's 95% interval | auto chose: leakray_combined / readings |")
     print("|---" * (len(cols) + 6) + "|")
-    seen, means = set(), {}
-    for sweep in args.sweeps:
-        for coll in sorted(sweep.glob("**/collect_target/collection.parquet")):
-            run = coll.parent.parent
-            config = json.loads((run / "config.json").read_text())
-            dose, split = config["leak"]["dose"], config["benchmark"].get("fold_seed")
-            if dose == 0 or (dose, split) in seen:  # the control has no member to find
-                continue
-            seen.add((dose, split))
-            shadow0, target0 = pq.read_table(run / "collect_shadow" / "collection.parquet"), pq.read_table(coll)
-            for view in ("sweep", "audit"):
-                shadow, target = (shadow0, target0) if view == "sweep" else \
-                    (audit_view(run, shadow0), audit_view(run, target0))
-                y = target.column(C.MEMBER).to_numpy()
-                got = {c: [roc_auc_score(y, registry.make(c).score(target))] for c in singles}
-                got.update({c: [] for c in fitted})
-                chose, lows, highs = [], [], []
-                for seed in args.seeds:
-                    fits = {"leakray_combined": registry.make("leakray_combined"),
-                            "logistic": registry.make("leakray_combined", {"combiner": "logistic"}),
-                            "readings": readings_design()}
-                    for col, det in fits.items():
-                        got[col].append(roc_auc_score(y, det.fit(shadow, seed).score(target)))
-                    score = fits["leakray_combined"].score(target)
-                    lo, hi = binary_metrics(y, score, (score > np.median(score)).astype(int))["auc_ci"]
-                    lows.append(lo)
-                    highs.append(hi)
-                    chose.append(f"{fits['leakray_combined'].info['combiner'][0]}/{fits['readings'].info['combiner'][0]}")
-                row = [float(np.mean(got[c])) for c in cols]
-                means.setdefault((dose, view), []).append(row)
-                print(f"| {run.name} | {dose} | {split} | {view} | " + " | ".join(f"{v:.3f}" for v in row)
-                      + f" | [{np.median(lows):.2f}, {np.median(highs):.2f}] | {' '.join(chose)} |", flush=True)
+    means = {}
+    for run, coll, dose, split in runs_once(args.sweeps):
+        if dose == 0:  # the control has no member to find
+            continue
+        shadow0, target0 = pq.read_table(run / "collect_shadow" / "collection.parquet"), pq.read_table(coll)
+        for view in ("sweep", "audit"):
+            shadow, target = (shadow0, target0) if view == "sweep" else \
+                (audit_view(run, shadow0), audit_view(run, target0))
+            y = target.column(C.MEMBER).to_numpy()
+            got = {c: [roc_auc_score(y, registry.make(c).score(target))] for c in singles}
+            got.update({c: [] for c in fitted})
+            chose, lows, highs = [], [], []
+            for seed in args.seeds:
+                fits = {"leakray_combined": registry.make("leakray_combined"),
+                        "logistic": registry.make("leakray_combined", {"combiner": "logistic"}),
+                        "readings": readings_design()}
+                score_fits(fits, shadow, target, y, seed, got)
+                lo, hi = auc_interval(y, fits["leakray_combined"].score(target))
+                lows.append(lo)
+                highs.append(hi)
+                chose.append(f"{fits['leakray_combined'].info['combiner'][0]}/{fits['readings'].info['combiner'][0]}")
+            row = [float(np.mean(got[c])) for c in cols]
+            means.setdefault((dose, view), []).append(row)
+            print(f"| {run.name} | {dose} | {split} | {view} | " + " | ".join(f"{v:.3f}" for v in row)
+                  + f" | [{np.median(lows):.2f}, {np.median(highs):.2f}] | {' '.join(chose)} |", flush=True)
     print("\nMean over the runs (`best single`: the better of the two ratios' means):\n\n| dose | view | "
           + " | ".join(cols) + " | best single | leakray_combined - best | readings - best | runs |\n"
           + "|---" * (len(cols) + 6) + "|")

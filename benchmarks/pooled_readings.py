@@ -5,7 +5,8 @@
 SWEEP_OUT is a `benchmarks/bench_dose_sweep.py` output whose collections hold both sampled probes
 (`columns.probes=[next,question]`) and both reference models' draws (`columns.nonoracle_reference`).
 Per run, fitted on its shadow collection and scored on its target (AUC, members against
-non-members, the mean over `--seeds`):
+non-members, the mean over `--seeds`): A member split
+(`benchmark.fold_seed`) and dose met twice, in two outputs, is read once.
 
 - `best fixed single`: `next_token_calibrated`, the text-only detector with the best mean over
   the splits measured before (docs/LEAK.md);
@@ -50,6 +51,35 @@ def text_combined_before(**params):
     return Before(**params)
 
 
+def runs_once(sweeps: list[Path]):
+    """(run directory, its target collection, dose, member split) of every run under ``sweeps``, a
+    split and dose met twice (one sweep's runs adopted by another's output) read once."""
+    seen = set()
+    for sweep in sweeps:
+        for coll in sorted(sweep.glob("**/collect_target/collection.parquet")):
+            run = coll.parent.parent
+            config = json.loads((run / "config.json").read_text())
+            dose, split = config["leak"]["dose"], config["benchmark"].get("fold_seed")
+            if (dose, split) not in seen:
+                seen.add((dose, split))
+                yield run, coll, dose, split
+
+
+def score_fits(fits: dict, shadow, target, y, seed: int, got: dict) -> None:
+    """Fit each of ``fits`` (column -> detector) on ``shadow`` with ``seed``; append its target AUC to ``got``."""
+    from sklearn.metrics import roc_auc_score
+
+    for col, det in fits.items():
+        got[col].append(roc_auc_score(y, det.fit(shadow, seed).score(target)))
+
+
+def auc_interval(y, score) -> tuple[float, float]:
+    """The AUC's bootstrap 95% interval as the detect stage computes it (`evaluate.metrics.binary_metrics`)."""
+    from leakray.evaluate.metrics import binary_metrics
+
+    return tuple(binary_metrics(y, score, (score > np.median(score)).astype(int))["auc_ci"])
+
+
 def audit_view(table):
     """The collection as an audit would have it: tiny-alt is the reference model."""
     from leakray.schema import C
@@ -64,7 +94,6 @@ def main() -> None:
     from sklearn.metrics import roc_auc_score
 
     from leakray.detect import registry
-    from leakray.evaluate.metrics import binary_metrics
     from leakray.schema import C
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -75,35 +104,30 @@ def main() -> None:
     print("| run | dose | view | " + " | ".join(cols) + " | auto chose before / now |")
     print("|---" * (len(cols) + 4) + "|")
     means: dict[tuple, list] = {}
-    for sweep in args.sweeps:
-        for coll in sorted(sweep.glob("**/collect_target/collection.parquet")):
-            run = coll.parent.parent
-            dose = json.loads((run / "config.json").read_text())["leak"]["dose"]
-            shadow0, target0 = pq.read_table(run / "collect_shadow" / "collection.parquet"), pq.read_table(coll)
-            for view in ("sweep", "audit"):
-                shadow, target = (shadow0, target0) if view == "sweep" else (audit_view(shadow0), audit_view(target0))
-                y = target.column(C.MEMBER).to_numpy()
-                got = {c: [] for c in cols}
-                chose, lows, highs = [], [], []
-                for seed in args.seeds:
-                    fits = {"pooled, before": text_combined_before(combiner="pooled"),
-                            "pooled, now": registry.make("text_combined", {"combiner": "pooled"}),
-                            "text_combined, before": text_combined_before(),
-                            "text_combined, now": registry.make("text_combined")}
-                    got["best fixed single"].append(roc_auc_score(y, registry.make("next_token_calibrated").score(target)))
-                    for col, det in fits.items():
-                        got[col].append(roc_auc_score(y, det.fit(shadow, seed).score(target)))
-                    now = fits["text_combined, now"].score(target)
-                    lo, hi = binary_metrics(y, now, (now > np.median(now)).astype(int))["auc_ci"]
-                    lows.append(lo)
-                    highs.append(hi)
-                    chose.append(f"{fits['text_combined, before'].info['combiner'][0]}/"
-                                 f"{fits['text_combined, now'].info['combiner'][0]}")
-                row = [float(np.mean(got[c])) for c in cols]
-                means.setdefault((dose, view), []).append(row)
-                ci = f" [{np.median(lows):.2f}, {np.median(highs):.2f}]{'*' if np.median(lows) > 0.5 else ''}"
-                print(f"| {run.name} | {dose} | {view} | " + " | ".join(f"{v:.3f}" for v in row)
-                      + f"{ci} | {' '.join(chose)} |", flush=True)
+    for run, coll, dose, _ in runs_once(args.sweeps):
+        shadow0, target0 = pq.read_table(run / "collect_shadow" / "collection.parquet"), pq.read_table(coll)
+        for view in ("sweep", "audit"):
+            shadow, target = (shadow0, target0) if view == "sweep" else (audit_view(shadow0), audit_view(target0))
+            y = target.column(C.MEMBER).to_numpy()
+            got = {c: [] for c in cols}
+            chose, lows, highs = [], [], []
+            for seed in args.seeds:
+                fits = {"pooled, before": text_combined_before(combiner="pooled"),
+                        "pooled, now": registry.make("text_combined", {"combiner": "pooled"}),
+                        "text_combined, before": text_combined_before(),
+                        "text_combined, now": registry.make("text_combined")}
+                got["best fixed single"].append(roc_auc_score(y, registry.make("next_token_calibrated").score(target)))
+                score_fits(fits, shadow, target, y, seed, got)
+                lo, hi = auc_interval(y, fits["text_combined, now"].score(target))
+                lows.append(lo)
+                highs.append(hi)
+                chose.append(f"{fits['text_combined, before'].info['combiner'][0]}/"
+                             f"{fits['text_combined, now'].info['combiner'][0]}")
+            row = [float(np.mean(got[c])) for c in cols]
+            means.setdefault((dose, view), []).append(row)
+            ci = f" [{np.median(lows):.2f}, {np.median(highs):.2f}]{'*' if np.median(lows) > 0.5 else ''}"
+            print(f"| {run.name} | {dose} | {view} | " + " | ".join(f"{v:.3f}" for v in row)
+                  + f"{ci} | {' '.join(chose)} |", flush=True)
     print("\nMean over the runs:\n\n| dose | view | " + " | ".join(cols) + " | runs |\n" + "|---" * (len(cols) + 3) + "|")
     for (dose, view), rows in sorted(means.items()):
         print(f"| {dose} | {view} | " + " | ".join(f"{v:.3f}" for v in np.mean(rows, 0)) + f" | {len(rows)} |")
