@@ -3,10 +3,10 @@
     python benchmarks/pooled_readings.py SWEEP_OUT [SWEEP_OUT ...] [--seeds 0 1 2]
 
 SWEEP_OUT is a `benchmarks/bench_dose_sweep.py` output whose collections hold both sampled probes
-(`columns.probes=[next,question]`) and both reference models' draws (`columns.nonoracle_reference`).
-Per run, fitted on its shadow collection and scored on its target (AUC, members against
-non-members, the mean over `--seeds`): A member split
-(`benchmark.fold_seed`) and dose met twice, in two outputs, is read once.
+(`columns.probes=[next,question]`) and both reference models' draws (`columns.nonoracle_reference`);
+a member split (`benchmark.fold_seed`) and dose met twice, in two outputs, is read once. Per run,
+fitted on its shadow collection and scored on its target (AUC, members against non-members, the
+mean over `--seeds`):
 
 - `best fixed single`: `next_token_calibrated`, the text-only detector with the best mean over
   the splits measured before (docs/LEAK.md);
