@@ -95,8 +95,8 @@ def plan_lines(cfg: AuditConfig, plan: RequestPlan) -> list[str]:
              "by each of the rewrite test and the control route, in place of the echo rows above. Prompt characters "
              "are not tokens: the endpoint's tokenizer decides how many tokens they are."]
     lines += [f"Upper bound: {why}." for why in plan.bound]
-    largest = max(plan.parts, key=lambda p: p.choices)
-    probe = largest.name.removeprefix("probe: ")
+    largest = max(plan.parts, key=lambda p: p.choices, default=None)
+    probe = largest.name.removeprefix("probe: ") if largest else None
     if probe in DRAW_PROBES:
         lines.append(f"Most of it is the {probe} probe's draws ({largest.choices:,} one-token choices in "
                      f"{largest.requests:,} requests): fewer draws per "
