@@ -44,7 +44,7 @@ EXACT = ("ref_calibrated", "ref_calibrated_text")
 
 def readings_design(**params):
     """``leakray_combined`` with ``pooled`` over the exact ratios only and the one-SE ``auto``."""
-    from leakray.detect.combined import PROBE_WIDTHS, Combined
+    from leakray.detect.combined import Combined
 
     class Readings(Combined):
         pools_readings_only = True
@@ -53,17 +53,6 @@ def readings_design(**params):
         def _pooled_inputs(self):
             have = {n for names in self.used.values() for n in names}
             return [n for n in EXACT if n in have]
-
-        def _pooled_mask(self):
-            pooled, mask = set(self._pooled_inputs()), []
-            for g, names in self.used.items():
-                widths = [PROBE_WIDTHS.get(n, 1) if g == "probes" else 1 for n in names]
-                if sum(widths) != self._widths[g]:  # a group under one name (expert, semantic)
-                    mask += [False] * self._widths[g]
-                    continue
-                for name, width in zip(names, widths):
-                    mask += [name in pooled] * width
-            return np.array(mask, dtype=bool)
 
     return Readings(**params)
 
