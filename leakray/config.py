@@ -150,6 +150,7 @@ def _finetune(**protocol) -> Any:
 
 SampleSection = _stage_section(SampleConfig, "SampleSection", types={
     "backend": Literal["hf", "vllm", "openai"], "device": Literal["auto", "cpu", "cuda"], "k": Positive,
+    "endpoint_api": Literal["completions", "chat"], "chat_extra_tokens": Annotated[int, Field(ge=0)],
     "dtype": Literal["auto", "float32", "bfloat16", "float16"],
     "temperature": Annotated[float, Field(ge=0)], "top_p": Annotated[float, Field(gt=0, le=1)],
     "max_new_tokens": Positive, "batch_size": Positive, "threads": Positive, "max_model_len": Positive | None,
@@ -365,7 +366,8 @@ class RayConfig(Section):
 # Keys added after runs existed, with the value that behaves as before they did: at that value a
 # key stays out of the hash, so the runs made before it (and the stages other runs adopt from
 # them) keep their keys; another value is another run.
-ADDED_LATER = {("benchmark", "fold_balance"): "none", ("sample", "max_n"): 128}
+ADDED_LATER = {("benchmark", "fold_balance"): "none", ("sample", "max_n"): 128, ("sample", "endpoint_api"): "completions",
+               ("sample", "chat_extra_tokens"): 32}
 # How often a collection tries a failed row again: a retried row is sampled with its own seed, as
 # the first attempt was, so what a row holds does not depend on these, only whether it is lost. A
 # resumed run with another value is the same run.
@@ -403,6 +405,9 @@ class SimulateConfig(Section):
             _need_modules(("vllm",), "vllm", "sample.backend=vllm")
         if self.sample.lora_adapter and self.sample.backend != "vllm":
             raise ValueError("sample.lora_adapter is served by the vllm backend only (hf runs load merged models)")
+        if self.sample.endpoint_api == "chat" and self.sample.backend != "openai":
+            raise ValueError("sample.endpoint_api=chat is how the openai backend asks a served model; "
+                             f"sample.backend={self.sample.backend} runs the model here: drop sample.endpoint_api")
         if self.sample.backend == "openai" and not self.sample.endpoint_url:
             raise ValueError("sample.backend=openai needs sample.endpoint_url (e.g. http://host:8000/v1)")
         if self.sample.backend == "openai" and not self.serves_a_target:

@@ -77,6 +77,8 @@ BAD_SETTINGS = [
     # simulate builds its target and shadow here: an endpoint is an audit's model under audit
     (["sample.backend=openai", "sample.endpoint_url=http://host:8000/v1"], "sample.backend", "leakray audit --target"),
     (["sample.backend=vllm"], "vllm", "pip install 'leakray[vllm]'"),
+    (["sample.endpoint_api=chat"], "sample.endpoint_api", "drop sample.endpoint_api"),
+    (["sample.endpoint_api=chats"], "sample.endpoint_api", "'completions' or 'chat'"),
     (["benchmark.name=mbpp"], "benchmark", "set benchmark.path"),
     (["benchmark.name=humaneval2"], "benchmark", "unknown benchmark"),
     (["benchmark.folds=5"], "benchmark.folds", "4"),
@@ -526,10 +528,11 @@ def test_an_endpoint_audit_shares_the_shadow_side_of_a_local_one():
 
     local = keys(f"audit.target={FIXTURES / 'model_dir_stand_in'}")
     served = [keys("audit.target=served", "sample.backend=openai", f"sample.endpoint_url=http://{host}:8000/v1",
-                   f"sample.max_retries={retries}") for host, retries in (("a", 5), ("b", 9))]
+                   f"sample.max_retries={retries}", *api) for host, retries, api in
+              (("a", 5, ()), ("b", 9, ()), ("a", 5, ("sample.endpoint_api=chat",)))]
     shadow = ("base", "shadow", "perturb", "collect_shadow", "card")
-    assert all(local[n] == served[0][n] == served[1][n] for n in shadow)
-    assert len({local["collect_target"], served[0]["collect_target"], served[1]["collect_target"]}) == 3
+    assert all(local[n] == s[n] for s in served for n in shadow)
+    assert len({local["collect_target"], *(s["collect_target"] for s in served)}) == 4
     # a sampling setting both sides read still keys both
     assert keys("audit.target=served", "sample.backend=openai", "sample.endpoint_url=http://a:8000/v1",
                 "sample.k=3")["collect_shadow"] != served[0]["collect_shadow"]

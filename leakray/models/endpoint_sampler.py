@@ -1,5 +1,7 @@
 """Sampling from a black-box target behind an OpenAI-compatible `/v1/completions` endpoint
-(a vLLM server, a commercial API).
+(a vLLM server, a commercial API), or `/v1/chat/completions` for a model served only as a chat
+(`endpoint_api: chat`, `leakray.models.chat`: the model is asked to continue the text, and the
+continuation is read out of its answer; no `echo`, so no reference scores, and no one-token draws).
 
 One request per prompt with `n=k` and a seed derived from the task id (servers that honour
 seeds, vLLM among them, then give a retried batch the same output), `logprobs=1` so the
@@ -51,6 +53,7 @@ from dataclasses import dataclass, fields
 from urllib.parse import urlsplit
 
 from leakray.data.tasks import continuation, generation_prompt, program_of
+from leakray.models import chat
 from leakray.models.sampler import (REF_LOSS_NO_CONTINUATION, RefScores, Samples, n_completions,
                                     scores_from_logprobs, task_seed)
 from leakray.models.stops import cut_point, server_stops
@@ -77,6 +80,8 @@ class EndpointSettings:
     timeout_s: float = 120.0  # per request (connect, and each read)
     max_retries: int = 5  # retries after the first try
     backoff_s: float = 1.0  # first retry waits ~this, doubling each time (with jitter)
+    endpoint_api: str = "completions"  # or "chat": /v1/chat/completions (leakray.models.chat)
+    chat_extra_tokens: int = 32  # chat: tokens added to each request's budget for fences and a preamble
 
     @classmethod
     def of(cls, cfg) -> EndpointSettings:
@@ -86,12 +91,24 @@ class EndpointSettings:
             raise ValueError(f"endpoint_url must be an http(s) URL, got {s.endpoint_url!r}")
         if s.concurrency < 1 or s.max_retries < 0 or s.timeout_s <= 0 or s.backoff_s < 0:
             raise ValueError("concurrency >= 1, max_retries >= 0, timeout_s > 0 and backoff_s >= 0 are required")
+        if s.endpoint_api not in ("completions", "chat") or s.chat_extra_tokens < 0:
+            raise ValueError(f"endpoint_api is completions or chat (got {s.endpoint_api!r}); chat_extra_tokens >= 0")
         return s
 
     @property
+    def chat(self) -> bool:
+        return self.endpoint_api == "chat"
+
+    @property
     def completions_url(self) -> str:
+        """Where requests go: the base URL (a full route given is taken back to its /v1) plus the
+        API's route."""
         url = self.endpoint_url.rstrip("/")
-        return url if url.endswith("/completions") else url + "/completions"
+        for route in ("/chat/completions", "/completions"):
+            if url.endswith(route):
+                url = url[: -len(route)]
+                break
+        return url + ("/chat/completions" if self.chat else "/completions")
 
 
 def failed_reason(sample: Samples) -> str | None:
@@ -148,6 +165,25 @@ def _choices(body, n: int) -> list[dict]:
     return choices
 
 
+def _chat_choices(body, n: int) -> list[dict]:
+    """A chat response's choices as completions choices: ``text`` is the message's content."""
+    if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
+        raise _Malformed("no choices")
+    choices = sorted(body["choices"], key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0)
+    out = []
+    for c in choices:
+        message = c.get("message") if isinstance(c, dict) else None
+        content = message.get("content") if isinstance(message, dict) else None
+        if content is None and isinstance(message, dict) and message.get("refusal"):
+            content = ""  # a model that declines to answer: no continuation, not a malformed reply
+        if not isinstance(content, str):
+            raise _Malformed("a choice without message content")
+        out.append({**c, "text": content})
+    if len(out) != n:
+        raise _Malformed(f"expected {n} choices")
+    return out
+
+
 def _token_logprobs(choice: dict) -> tuple[list, list[int]] | None:
     """(log-probs, start offsets relative to the first token), or None without logprobs."""
     lp = choice.get("logprobs")
@@ -187,8 +223,16 @@ class EndpointSampler:
         self._echo_max_tokens = 0  # 1 once a server refuses max_tokens=0 with echo
         self._logprobs = True  # False once the server refuses them
         # False once the server refuses to score given text (echo, or logprobs with it): the rest
-        # of the rows are not asked again (a hosted API bills every refused request too)
-        self._echo = True
+        # of the rows are not asked again (a hosted API bills every refused request too); a chat
+        # API scores no given text at all
+        self._echo = not self.settings.chat
+        self._budget_key = "max_tokens"  # a chat server may want max_completion_tokens instead (`_chat_post`)
+
+    @property
+    def draws_tokens(self) -> bool:
+        """Whether one-token draws continue a text (the sampled next-token probes): a chat
+        model's first token opens an answer, not the text's next token."""
+        return not self.settings.chat
 
     def __repr__(self) -> str:
         return f"EndpointSampler(model={self.model!r}, url={self.settings.completions_url!r})"
@@ -200,10 +244,14 @@ class EndpointSampler:
         collection after the card is built."""
         from leakray.errors import BadInput
 
-        payload = {"model": self.model, "prompt": "def f():\n", "max_tokens": 1, "temperature": 0.0}
         where = f"the endpoint {self.settings.completions_url} (model {self.model!r})"
         try:
-            self._post(payload, lambda body: _choices(body, 1), "check")
+            if self.settings.chat:  # learns, as the collection would, which token budget the server takes
+                self._chat_post({"model": self.model, "messages": chat.messages("def f():\n"), "temperature": 0.0}, 1,
+                                lambda body: _chat_choices(body, 1), "check", False)
+            else:
+                self._post({"model": self.model, "prompt": "def f():\n", "max_tokens": 1, "temperature": 0.0},
+                           lambda body: _choices(body, 1), "check")
         except _Refused as exc:
             hint = (f"; is the key in ${self.settings.api_key_env} right?" if exc.status in (401, 403)
                     else "; is the model name right (--target, sample.endpoint_model)?" if exc.status == 404 else "")
@@ -246,6 +294,8 @@ class EndpointSampler:
         return self._map(lambda text, key: self._draw_one(text, key, n), list(zip(texts, keys)))
 
     def _draw_one(self, text: str, key: str, n: int) -> list[str]:
+        if not self.draws_tokens:  # the collection skips these probes (`draws_tokens`): a caller's bug
+            raise ProbeFailed(key, "chat_api_draws_no_next_token")
         draws: list[str] = []
         for part, start in enumerate(range(0, n, self.cfg.max_n)):
             m = min(self.cfg.max_n, n - start)
@@ -285,6 +335,8 @@ class EndpointSampler:
 
     def _sample_one(self, prompt: str, lang: str, key: str, k: int, temperature: float, top_p: float,
                     max_tokens: int | None = None, logprobs: bool = True) -> Samples:
+        if self.settings.chat:
+            return self._chat_one(prompt, lang, key, k, temperature, top_p, max_tokens, logprobs)
         base = generation_prompt(prompt)
         stops = server_stops(prompt, lang)[:_MAX_STOPS]
         payload = {"model": self.model, "prompt": base, "n": k, "max_tokens": max_tokens or self.cfg.max_new_tokens,
@@ -331,6 +383,63 @@ class EndpointSampler:
             ppls.append(math.exp(-sum(kept) / len(kept)) if kept else math.nan)
             counts.append(min(n, len(values)))
         return self._samples(texts, ppls, counts, notes)
+
+    def _chat_one(self, prompt: str, lang: str, key: str, k: int, temperature: float, top_p: float,
+                  max_tokens: int | None, logprobs: bool) -> Samples:
+        """`_sample_one` through the chat API: the continuation of the generation prompt read out of
+        each answer (`chat.continuation_span`), cut as a completion is, its perplexity over the
+        answer's tokens that overlap the kept text. No stop strings: an answer opens with a fence
+        or prose, where a code stop string could end it; the cut is made here."""
+        base = generation_prompt(prompt)
+        budget = (max_tokens or self.cfg.max_new_tokens) + self.settings.chat_extra_tokens
+        payload = {"model": self.model, "messages": chat.messages(base), "n": k,
+                   "temperature": temperature, "top_p": top_p, "seed": task_seed(self.cfg.seed, key)}
+
+        def parse(body):
+            return [(c, chat.token_logprobs(c)) for c in _chat_choices(body, k)]
+
+        try:
+            choices = self._chat_post(payload, budget, parse, key, self._logprobs and logprobs)
+        except _Refused as exc:
+            return self._failed(key, f"http_{exc.status}")
+        except _RowFailed as exc:
+            return self._failed(key, exc.reason)
+        notes = [NO_LOGPROBS] if logprobs and any(lps is None for _, lps in choices) else []
+        texts, ppls, counts = [], [], []
+        for choice, lps in choices:
+            answer = choice["text"]
+            start, end, undone = chat.continuation_span(base, answer)
+            notes += [n for n in undone if n not in notes]
+            raw = answer[start:end]
+            cut = cut_point(prompt, raw, lang)
+            texts.append(raw[:cut].rstrip() + "\n")
+            if lps is None:
+                ppls.append(math.nan)
+                counts.append(0)
+                continue
+            values, offsets = lps
+            picked = chat.covering(offsets, start, start + cut, len(answer))
+            kept = [values[j] for j in picked]
+            ppls.append(math.exp(-sum(kept) / len(kept)) if kept else math.nan)
+            counts.append(len(picked))
+        return self._samples(texts, ppls, counts, notes)
+
+    def _chat_post(self, payload: dict, budget: int, parse, key: str, logprobs: bool):
+        """`_post` of a chat request, learning once what the server refuses: log-probabilities
+        (then none are asked again), or `max_tokens` where it wants `max_completion_tokens` (newer
+        OpenAI models); each refusal costs one more request, once per sampler."""
+        while True:
+            body = {**payload, self._budget_key: budget, **({"logprobs": True} if logprobs and self._logprobs else {})}
+            try:
+                return self._post(body, parse, key)
+            except _Refused as exc:
+                message = exc.message.lower()
+                if "logprob" in message and "logprobs" in body:
+                    self._logprobs = False
+                elif "max_completion_tokens" in message and self._budget_key == "max_tokens":
+                    self._budget_key = "max_completion_tokens"
+                else:
+                    raise
 
     def _loss_one(self, prompt: str, reference: str) -> tuple[tuple[list[float], list[float]] | None, list[str]]:
         """((the scored tokens' log-probs, the prompt tokens'), []) or (None, why not)."""

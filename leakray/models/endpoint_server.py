@@ -1,4 +1,5 @@
-"""A small local OpenAI-compatible `/v1/completions` server backed by a Hugging Face causal LM.
+"""A small local OpenAI-compatible `/v1/completions` server backed by a Hugging Face causal LM,
+with `/v1/chat/completions` playing a chat model that continues the code it is asked to.
 
 For tests and benchmarks of the endpoint sampler: it speaks the protocol the way vLLM's
 server does (`n`, `seed`, `stop`, `logprobs` with `tokens`/`token_logprobs`/`text_offset`,
@@ -31,7 +32,8 @@ class HFBackend:
     """Completions from a local HF model: seeded sampling per request, raw log-probs."""
 
     def __init__(self, model_path: str, threads: int = 1, no_logprobs: str | None = None,
-                 forced: dict[str, list[str]] | None = None):
+                 forced: dict[str, list[str]] | None = None, chat_style: str = "plain",
+                 chat_budget_key: str = "max_tokens"):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -50,6 +52,11 @@ class HFBackend:
         # prompt -> completion texts served instead of samples (choice i gets text i mod len),
         # with the model's log-probs of their tokens: cuts and stops exactly where a test wants
         self.forced = dict(forced or {})
+        if chat_style not in CHAT_STYLES:
+            raise ValueError(f"chat_style is one of {sorted(CHAT_STYLES)}")
+        self.chat_style = chat_style
+        # the chat route's token budget parameter: newer OpenAI models refuse max_tokens for max_completion_tokens
+        self.chat_budget_key = chat_budget_key
         self.lock = threading.Lock()  # one generate at a time: the model is the bottleneck anyway
 
     def complete(self, body: dict) -> dict:
@@ -91,6 +98,57 @@ class HFBackend:
         return {"object": "text_completion", "model": body.get("model", ""), "choices": choices,
                 "usage": {"prompt_tokens": ids.shape[1], "completion_tokens": generated,
                           "total_tokens": ids.shape[1] + generated}}
+
+    def chat(self, body: dict) -> dict:
+        """A chat model that does what `leakray.models.chat.messages` asks: it continues the given
+        text (sampled as `complete` samples it, the same seed giving the same tokens) and answers
+        in its `chat_style`: the bare continuation, fenced, or a sentence and a fence around the
+        given code written out again before the continuation. Each wrapper piece is one token of
+        log-prob 0 in `logprobs.content` and takes one token of `max_tokens`; a closing fence only
+        ends an answer that was not cut short."""
+        from leakray.models.chat import given_of
+
+        try:
+            given = given_of(body.get("messages") or [])
+        except (ValueError, AttributeError):
+            raise BadRequest("messages must hold a user message with text content") from None
+        other = ({"max_tokens", "max_completion_tokens"} - {self.chat_budget_key}).pop()
+        if other in body:
+            raise BadRequest(f"Unsupported parameter: '{other}' is not supported with this model. "
+                             f"Use '{self.chat_budget_key}' instead.")
+        head, repeat, tail = CHAT_STYLES[self.chat_style]
+        repeat = given if repeat else ""
+        pieces = [p for p in (head, repeat) if p]
+        max_tokens = int(body.get(self.chat_budget_key, 16))
+        budget = max_tokens - len(pieces)
+        if budget < 1:  # cut short inside its wrapper
+            pieces = pieces[:max_tokens]
+            choices = [{"index": i, "message": {"role": "assistant", "content": "".join(pieces)},
+                        "finish_reason": "length",
+                        "logprobs": {"content": [{"token": p, "logprob": 0.0} for p in pieces]}
+                        if body.get("logprobs") else None} for i in range(int(body.get("n", 1)))]
+            return {"object": "chat.completion", "model": body.get("model", ""), "choices": choices,
+                    "usage": {"prompt_tokens": 0, "completion_tokens": len(pieces) * len(choices)}}
+        inner = {k: body[k] for k in ("n", "temperature", "top_p", "seed") if k in body}
+        got = self.complete({**inner, "prompt": given, "max_tokens": budget,
+                             **({"logprobs": 1} if body.get("logprobs") else {})})
+        choices = []
+        for c in got["choices"]:
+            end = [tail] if tail and c["finish_reason"] == "stop" else []
+            content = "".join(pieces) + c["text"] + "".join(end)
+            lp = c["logprobs"]
+            logprobs = None if lp is None else {"content": (
+                [{"token": p, "logprob": 0.0} for p in pieces]
+                # the continuation's own tokens; an EOS spells nothing and is listed only where it is
+                # the whole answer (its probability is then the answer's)
+                + [{"token": t if o < len(c["text"]) else "", "logprob": v}
+                   for j, (t, v, o) in enumerate(zip(lp["tokens"], lp["token_logprobs"], lp["text_offset"]))
+                   if o < len(c["text"]) or j == 0]
+                + [{"token": p, "logprob": 0.0} for p in end])}
+            choices.append({"index": c["index"], "message": {"role": "assistant", "content": content},
+                            "finish_reason": c["finish_reason"], "logprobs": logprobs})
+        return {"object": "chat.completion", "model": body.get("model", ""), "choices": choices,
+                "usage": got["usage"]}
 
     def _offsets(self, ids: list[int]) -> tuple[list[str], list[int], str]:
         """Token strings and start offsets as decoded text (vLLM's detokenised form)."""
@@ -189,6 +247,11 @@ class HFBackend:
                              "top_logprobs": [{t: v} for t, v in zip(toks, lps)]}}
 
 
+# chat_style -> (what opens the answer, whether it writes the given text out again, what closes it)
+CHAT_STYLES = {"plain": ("", False, ""), "fenced": ("```python\n", False, "\n```"),
+               "prose_repeat": ("Here is the code:\n\n```python\n", True, "\n```")}
+
+
 class ReplayBackend:
     """Replays recorded responses (by prompt): a server whose cost is only its latency."""
 
@@ -264,7 +327,9 @@ def _handler(server: CompletionServer):
 
         def do_POST(self) -> None:
             raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            if self.path.rstrip("/") != "/v1/completions":
+            route = self.path.rstrip("/")
+            chat = route == "/v1/chat/completions" and hasattr(server.backend, "chat")
+            if route != "/v1/completions" and not chat:
                 return self._error(404, f"no route {self.path}")
             try:
                 body = json.loads(raw)
@@ -278,12 +343,12 @@ def _handler(server: CompletionServer):
                 server.in_flight += 1
                 server.max_in_flight = max(server.max_in_flight, server.in_flight)
             try:
-                self._serve(body, server.fault(body, count) if server.fault else None)
+                self._serve(body, server.fault(body, count) if server.fault else None, chat)
             finally:
                 with server._lock:
                     server.in_flight -= 1
 
-        def _serve(self, body: dict, fault: str | None) -> None:
+        def _serve(self, body: dict, fault: str | None, chat: bool = False) -> None:
             if server.latency_s:
                 time.sleep(server.latency_s)
             kind, _, arg = (fault or "").partition(":")
@@ -301,7 +366,7 @@ def _handler(server: CompletionServer):
                 self.close_connection = True
                 return
             try:
-                result = server.backend.complete(body)
+                result = server.backend.chat(body) if chat else server.backend.complete(body)
             except BadRequest as exc:
                 return self._error(400, str(exc))
             except Exception as exc:  # noqa: BLE001 - a server answers 500, it does not hang up

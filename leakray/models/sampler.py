@@ -59,6 +59,11 @@ class SampleConfig:
     timeout_s: float = 120.0  # per request (connect, and each read)
     max_retries: int = 5  # retries after the first try (429/408/409/5xx, timeouts, connection, malformed)
     backoff_s: float = 1.0  # first retry waits ~this, doubling, half jittered; Retry-After wins
+    # "chat": a model served only as a chat (/v1/chat/completions), asked in words to continue each
+    # text (leakray.models.chat); it scores no given text and draws no next token, so the likelihood
+    # detectors and the sampled next-token probes do not run on it
+    endpoint_api: str = "completions"
+    chat_extra_tokens: int = 32  # chat: tokens added to each request's budget for a fence and a preamble
     # a collection's rows that failed for a reason another attempt can cure (`stages.collect.row_retryable`:
     # an endpoint's rate limit, 5xx, timeout or dropped connection outlasting max_retries) are sampled
     # again, this many more passes, each after the whole collection and a pause of row_retry_wait_s

@@ -40,7 +40,7 @@ TARGET_ONLY = ("audit.target", "audit.member_fraction", "audit.member_seed", "au
 # what only an endpoint reads (`sample.backend=openai`): the model under audit's settings alone, since
 # the audit samples its shadow here (`protocols.audit.sampled_here`)
 ENDPOINT_ONLY = ("endpoint_url", "endpoint_model", "api_key_env", "concurrency", "max_n", "timeout_s",
-                 "max_retries", "backoff_s")
+                 "max_retries", "backoff_s", "endpoint_api", "chat_extra_tokens")
 
 
 def shadow_side(cfg):

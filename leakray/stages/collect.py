@@ -270,7 +270,8 @@ class SampleStage:
                 got = timed("greedy", lambda: self._greedy(prompts, langs, keys, adv, pre))
                 for i, (p, text) in enumerate(zip(pre, got)):
                     p["greedy"] = (text, pr.rewrite_continuations(prompts[i], refs[i], tests[i], keys[i]))
-            for name in (n for n in pr.DRAW_PROBES if n in self.extra.probes):
+            for name in (n for n in pr.DRAW_PROBES if n in self.extra.probes
+                         and getattr(sampler, "draws_tokens", True)):
                 cut_at, given_at = pr.DRAW_PROBES[name]
                 cuts = [cut_at(q, r, self.extra.next_cuts) for q, r in zip(prompts, refs)]
                 flat = [(i, given_at(prompts[i], refs[i], c)[0]) for i, cs in enumerate(cuts) for c in cs]
@@ -366,7 +367,7 @@ class SampleStage:
         seconds = [0.0] * len(pr.PROBES)
         pre = self._pre
         if pre is not None:  # generated with the batch's other tasks
-            for name in self.extra.probes:
+            for name in (n for n in self.extra.probes if n in pre):  # a probe the backend cannot ask is absent
                 cols = PROBE_COLUMNS[name]
                 out[cols[0]], out[cols[1]] = pre[name]
                 seconds[pr.PROBES.index(name)] = pre["seconds"][name]
@@ -382,6 +383,8 @@ class SampleStage:
                 out[C.MASK_SPANS] = [span for _, span in spans]
                 out[C.MASK_COMPLETIONS] = self._continue(prompt, ref, [at for at, _ in spans], lang, key)
             elif name in pr.DRAW_PROBES:
+                if not getattr(self.sampler, "draws_tokens", True):
+                    continue  # a chat model's first token opens an answer: the columns stay empty
                 cut_at, given_at = pr.DRAW_PROBES[name]
                 cuts = cut_at(prompt, ref, self.extra.next_cuts)
                 given = [given_at(prompt, ref, c)[0] for c in cuts]
