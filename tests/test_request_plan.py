@@ -67,6 +67,34 @@ def test_the_plan_counts_every_request_a_collection_sends(tiny_lm):
         3 * (1 + sum(1 for kind, _ in SLOTS if kind == "IDP"))
 
 
+def test_the_plan_counts_what_a_collection_sends_through_the_chat_api(tiny_lm):
+    """Through `/v1/chat/completions`: the texts inside messages, each answer's budget with its
+    wrapper's room, no `echo` and no one-token draws, and the plan says what it leaves out."""
+    from leakray.features.probes import PROBES
+    from leakray.models.endpoint_server import CompletionServer, HFBackend
+    from leakray.models.sampler import SampleConfig
+    from leakray.stages.collect import ExtraColumns, SampleStage, finalize, input_table
+    from leakray.stages.request_plan import collection_requests
+
+    tasks = _tasks()
+    extra = ExtraColumns(upper_case=True, probes=PROBES, probe_tokens=6, next_cuts=3, next_draws=5)
+    with CompletionServer(HFBackend(str(tiny_lm[0]), chat_style="fenced")) as srv:
+        sample = SampleConfig(backend="openai", endpoint_url=srv.url, k=2, max_new_tokens=10, max_retries=0,
+                              row_retries=0, endpoint_api="chat", chat_extra_tokens=3)
+        got = finalize(SampleStage(str(tiny_lm[0]), sample, extra)(input_table(tasks, {}, set())))
+        bodies = list(srv.requests)
+    assert got.num_rows == 3 and not any(n.startswith("failed") for ns in got.column(C.NOTES).to_pylist() for n in ns)
+    assert got.column(C.NEXT_DRAWS).null_count == 3 and all("messages" in b for b in bodies)
+    plan = collection_requests(tasks, sample, extra)
+    assert {p.name for p in plan.parts} == {"samples", "upper-cased prompt", "probe: prefix", "probe: mask",
+                                            "probe: greedy"}
+    total = plan.total
+    assert len(bodies) == total.requests and sum(b.get("n", 1) for b in bodies) == total.choices
+    assert sum(b.get("n", 1) * b["max_tokens"] for b in bodies) == total.max_tokens
+    assert sum(len(m["content"]) for b in bodies for m in b["messages"]) == total.characters
+    assert len(plan.notes) == 1 and "next and question probes" in plan.notes[0]
+
+
 def test_the_rewrite_test_and_the_control_route_send_what_the_plan_counts(tiny_lm):
     from leakray.models.endpoint_server import CompletionServer, HFBackend
     from leakray.models.sampler import SampleConfig

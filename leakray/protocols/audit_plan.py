@@ -15,7 +15,7 @@ from leakray.data.tasks import continuation, program_of
 from leakray.errors import BadInput
 from leakray.features.probes import DRAW_PROBES
 from leakray.schema import T
-from leakray.stages.request_plan import Part, RequestPlan, collection_requests
+from leakray.stages.request_plan import Part, RequestPlan, chat_text, collection_requests
 
 CHECK_PROMPT = "def f():\n"  # EndpointSampler.check's one-token request
 
@@ -59,8 +59,15 @@ def audit_requests(cfg: AuditConfig, tasks: list[dict]) -> RequestPlan:
     a = cfg.audit
     extra = collect_config(cfg).extra
     plan = collection_requests(tasks, to_stage(cfg.sample), extra, None, tuple(cfg.columns.advprompt_kinds))
+    chatted = cfg.sample.backend == "openai" and cfg.sample.endpoint_api == "chat"
     if cfg.sample.backend == "openai":  # the one-token check an audit of an endpoint asks first
-        plan.parts.insert(0, Part("endpoint check", 1, 1, 1, len(CHECK_PROMPT)))
+        check = chat_text(CHECK_PROMPT) if chatted else CHECK_PROMPT
+        plan.parts.insert(0, Part("endpoint check", 1, 1, 1, len(check)))
+    if chatted and (a.rewrites or a.control):
+        # both read the target's `echo` scores, which a chat API does not give: they send nothing
+        plan.notes.append("the rewrite test and the control route score given text by `echo`, which a chat API "
+                          "does not offer: they send nothing and report that they could not run")
+        return plan
     if a.rewrites:
         plan.parts.append(rewrite_requests(tasks, a.rewrites, a.rewrite_seed))
     if a.control:
@@ -73,7 +80,9 @@ def audit_requests(cfg: AuditConfig, tasks: list[dict]) -> RequestPlan:
 def plan_lines(cfg: AuditConfig, plan: RequestPlan) -> list[str]:
     """The plan as a table a user reads before starting a paid audit."""
     served = cfg.sample.backend == "openai"
-    where = (f"the endpoint {cfg.sample.endpoint_url} (model {cfg.sample.endpoint_model or cfg.audit.target})"
+    chatted = served and cfg.sample.endpoint_api == "chat"
+    where = (f"the endpoint {cfg.sample.endpoint_url} (model {cfg.sample.endpoint_model or cfg.audit.target}"
+             f"{', through its chat API' if chatted else ''})"
              if served else f"the target, served here ({cfg.sample.backend}): nothing is sent to an endpoint; "
                             "the counts are what one serving it would be asked")
     rows = [("part", "requests", "choices", "tokens generated, at most", "prompt characters sent")]
@@ -91,10 +100,12 @@ def plan_lines(cfg: AuditConfig, plan: RequestPlan) -> list[str]:
              f"{total.characters / max(plan.tasks, 1):,.0f} prompt characters.",
              "Counted with every request answered the first time: retries (sample.max_retries), rows tried again "
              "(sample.row_retries) and the one extra request after a refused option (logprobs, max_tokens=0) add to "
-             "it. An endpoint that refuses echo is asked for it once per sampler worker (ray.sample_actors) and once "
-             "by each of the rewrite test and the control route, in place of the echo rows above. Prompt characters "
-             "are not tokens: the endpoint's tokenizer decides how many tokens they are."]
+             "it. " + ("" if chatted else "An endpoint that refuses echo is asked for it once per sampler worker "
+                       "(ray.sample_actors) and once by each of the rewrite test and the control route, in place of "
+                       "the echo rows above. ")
+             + "Prompt characters are not tokens: the endpoint's tokenizer decides how many tokens they are."]
     lines += [f"Upper bound: {why}." for why in plan.bound]
+    lines += [f"Not asked: {why}." for why in plan.notes]
     largest = max(plan.parts, key=lambda p: p.choices, default=None)
     probe = largest.name.removeprefix("probe: ") if largest else None
     if probe in DRAW_PROBES:

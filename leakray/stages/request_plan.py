@@ -9,6 +9,10 @@ and the settings alone: no model is loaded and nothing is sent. A hosted API bil
 sent (as tokens of its own tokenizer, which this does not know) and the tokens generated, and
 rate-limits the requests.
 
+Through the chat API (`sample.endpoint_api=chat`, `leakray.models.chat`) each text goes inside the
+request's messages (their characters are counted), each answer may take `sample.chat_extra_tokens`
+more, and nothing is scored by `echo` or drawn one token at a time: those passes send nothing.
+
 The counts assume every request is answered the first time: a retry (`sample.max_retries`), a
 row tried again (`sample.row_retries`) or the one extra request after a refused option (`logprobs`,
 `max_tokens=0` with `echo`) adds to them, and an endpoint that refuses `echo` is asked for it once
@@ -50,6 +54,7 @@ class RequestPlan:
     parts: list[Part] = field(default_factory=list)
     tasks: int = 0
     bound: list[str] = field(default_factory=list)  # the parts counted as an upper bound, and why
+    notes: list[str] = field(default_factory=list)  # what the plan leaves out, and why
 
     @property
     def total(self) -> Part:
@@ -71,12 +76,22 @@ def collection_requests(tasks: list[dict], sample, extra, adv_prompts: list[list
 
     k, budget = sample.k, sample.max_new_tokens
     probe_budget = min(extra.probe_tokens, budget)  # as EndpointSampler.greedy_probe caps it
+    chatted = getattr(sample, "endpoint_api", "completions") == "chat"
+    extra_tokens = sample.chat_extra_tokens if chatted else 0
     parts: dict[str, Part] = {}
 
-    def part(name: str) -> Part:
-        return parts.setdefault(name, Part(name))
+    def ask(name: str, text: str, n: int, max_tokens: int, requests: int = 1) -> None:
+        """One pass's request(s) for ``text``, as the sampler sends them."""
+        if chatted:  # the text inside the messages, the answer's budget with room for its wrapper
+            text, max_tokens = chat_text(text), max_tokens + extra_tokens
+        parts.setdefault(name, Part(name)).add(text, n, max_tokens, requests)
 
     plan = RequestPlan(tasks=len(tasks))
+    if chatted:
+        skipped = [n for n in extra.probes if n in pr.DRAW_PROBES]
+        draws = f" and the {' and '.join(skipped)} probes' one-token draws are not asked for" if skipped else ""
+        plan.notes.append(f"through the chat API nothing is scored by `echo`{draws}: the detectors reading them "
+                          "do not run on this target")
     if extra.advprompt and adv_prompts is None:
         from leakray.perturb.core import SLOTS
 
@@ -85,33 +100,41 @@ def collection_requests(tasks: list[dict], sample, extra, adv_prompts: list[list
                           "as the task's prompt (the perturb stage keeps only the variants it proves)")
     for i, t in enumerate(tasks):
         prompt, ref, lang = t[T.PROMPT], t[T.REFERENCE], t[T.LANGUAGE]
-        part("samples").add(generation_prompt(prompt), k, budget)
+        ask("samples", generation_prompt(prompt), k, budget)
         cont = continuation(prompt, ref)
-        if cont.strip():  # an empty continuation is not asked for (`EndpointSampler._loss_one`)
-            part("reference scores (echo)").add(program_of(prompt, cont), 1, 0)
+        if cont.strip() and not chatted:  # an empty continuation is not asked for (`EndpointSampler._loss_one`)
+            ask("reference scores (echo)", program_of(prompt, cont), 1, 0)
         if extra.upper_case:
-            part("upper-cased prompt").add(generation_prompt(uppercase_prompt(prompt, lang)), k, budget)
+            ask("upper-cased prompt", generation_prompt(uppercase_prompt(prompt, lang)), k, budget)
         if extra.advprompt:
             if adv_prompts is None:
                 for _ in range(slots):
-                    part("AdvPrompt variants").add(generation_prompt(prompt), 1, budget)
+                    ask("AdvPrompt variants", generation_prompt(prompt), 1, budget)
             else:
                 for variant in adv_prompts[i] or []:
                     if variant:  # an empty slot (a variant not proved, another kind's) is not asked for
-                        part("AdvPrompt variants").add(generation_prompt(variant), 1, budget)
+                        ask("AdvPrompt variants", generation_prompt(variant), 1, budget)
         for name in extra.probes:
             if name in ("prefix", "mask"):
                 at = pr.prefix_cuts(prompt, ref) if name == "prefix" else [a for a, _ in pr.mask_spans(prompt, ref)]
                 for cut in at:
-                    part(f"probe: {name}").add(generation_prompt(pr.given_and_target(prompt, ref, cut)[0]), 1,
-                                               probe_budget)
+                    ask(f"probe: {name}", generation_prompt(pr.given_and_target(prompt, ref, cut)[0]), 1, probe_budget)
             elif name in pr.DRAW_PROBES:
+                if chatted:  # a chat model draws no next token (`EndpointSampler.draws_tokens`)
+                    continue
                 cut_at, given_at = pr.DRAW_PROBES[name]
                 per_cut = math.ceil(extra.next_draws / sample.max_n)
                 for cut in cut_at(prompt, ref, extra.next_cuts):
                     # the text goes as given (no generation prompt): a draw continues it exactly
-                    part(f"probe: {name}").add(given_at(prompt, ref, cut)[0], extra.next_draws, 1, per_cut)
+                    ask(f"probe: {name}", given_at(prompt, ref, cut)[0], extra.next_draws, 1, per_cut)
             else:  # greedy: the prompt alone, the sampler's budget
-                part(f"probe: {name}").add(generation_prompt(prompt), 1, budget)
+                ask(f"probe: {name}", generation_prompt(prompt), 1, budget)
     plan.parts = list(parts.values())
     return plan
+
+
+def chat_text(given: str) -> str:
+    """What a chat request sends for ``given``: its messages' text (`leakray.models.chat.messages`)."""
+    from leakray.models.chat import messages
+
+    return "".join(m["content"] for m in messages(given))
