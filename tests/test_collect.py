@@ -477,6 +477,7 @@ def test_a_killed_collection_reads_back_its_rows_and_asks_only_for_the_rest(tiny
                                                                       engine="local"), key=key, resumable=True)
 
         clean = collect(input_table(tasks, {}, set()), "tiny", cfg, engine="local")
+        once = len(served)  # one collection's requests, each answered the first time
         asked.clear()
         served.clear()
         run_dir, calls = tmp_path / "run", []
@@ -510,6 +511,7 @@ def test_a_killed_collection_reads_back_its_rows_and_asks_only_for_the_rest(tiny
     # what the endpoint was asked for, both attempts: the server's own count, and the tokens it reported
     usage = info["endpoint_usage"]
     assert usage["requests"] == len(served) and usage["retries"] == 0 and usage["workers"] == 2
+    assert usage["planned"] == once < len(served)  # the plan's count: the table collected once
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tiny_lm[0]))

@@ -304,13 +304,14 @@ def test_the_page_says_what_happened_to_the_rows_as_report_md_does():
               "collect_target": {"errors": {"failed:sample_error:ProbeFailed:http_503": 2, HOSTILE: 1},
                                  "row_retries": {"rows": 3, "recovered": 1}, "resumed_rows": 120, "rows_in": 164,
                                  "endpoint_usage": {"requests": 23456, "retries": 67, "prompt_tokens": 1234567,
-                                                    "completion_tokens": 89012, "workers": 2}}}
+                                                    "completion_tokens": 89012, "workers": 2, "planned": 20512}}}
     page = rh.render_audit({"stages": stages}, [])
     assert "Row errors by stage: collect_target {&#x27;failed:sample_error:ProbeFailed:http_503&#x27;: 2" in page
     assert "(sample.row_retries): collect_target 3, of which 1 went through" in page
     assert "read back from a killed attempt of the stage (not collected again): collect_target 120 of 164" in page
     assert ("Asked of the endpoint (every attempt of the stage; a batch a kill cut short is left out): collect_target "
-            "23,456 requests (67 of them retries, 143.0 requests per task), 1,234,567 prompt and 89,012 generated "
+            "23,456 requests (67 of them retries, 143.0 requests per task; the plan counted 20,512), 1,234,567 prompt "
+            "and 89,012 generated "
             "tokens") in page
     assert "<script>window.__pwned" not in page  # a reason is text, escaped
     assert "Row errors" not in rh.render_audit({"stages": {"collect_target": {"errors": {}}}}, [])

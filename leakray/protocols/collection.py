@@ -76,8 +76,20 @@ def collect(table: pa.Table, model_path: str, cfg: CollectConfig, *, engine: str
             retried["resumed"] = len(done)
         usage = endpoint_usage(*usage_to) if usage_to is not None else None
         if usage:
+            usage["planned"] = planned_requests(table, cfg)
             retried["endpoint_usage"] = usage
     return out
+
+
+def planned_requests(table: pa.Table, cfg: CollectConfig) -> int:
+    """The requests `leakray audit --plan` counts for collecting ``table`` once, every request
+    answered the first time (`stages.request_plan`): beside what was sent, it tells retries and
+    refusals from what the settings ask."""
+    from leakray.stages.request_plan import collection_requests
+
+    tasks = table.select([C.PROMPT, C.REFERENCE, C.LANGUAGE]).to_pylist()
+    adv = table.column(C.ADV_PROMPTS).to_pylist() if C.ADV_PROMPTS in table.column_names else None
+    return collection_requests(tasks, cfg.sample, cfg.extra, adv if cfg.extra.advprompt else None).total.requests
 
 
 # where each sampler worker keeps what it asked an endpoint for (`stages.collect.write_usage`)

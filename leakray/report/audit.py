@@ -183,7 +183,7 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
         "summary": {
             "benchmark": cfg.benchmark.name, "n_tasks": len(task_ids), "target": a.target,
             "card": card.id, "card_path": str(card.path), "primary_detector": primary,
-            "access": access, "detectors_run": sorted(scores),
+            "access": access, "detectors_run": sorted(scores), "chat_api": chat_api(cfg, target),
             "leaked_fraction": decision, "inflation": infl,
             "self_calibrated": _public(selfcal_result), "card_route": _public(card_result),
             "control": _public(control_result),
@@ -239,6 +239,29 @@ def crossfit_scores(card: DetectorCard, task_ids: list[str], scores: dict[str, n
             out[name] = int(mask.sum())
     return {"left_out_tasks": int(mask.sum()), "detectors": sorted(out),
             "why": "learned detectors score only the tasks the card held out from their training"}
+
+
+def chat_api(cfg, target: pa.Table) -> dict | None:
+    """For a target read through a chat API (`sample.endpoint_api=chat`): how many rows' answers
+    needed their fences, a sentence or the given code taken off (`leakray.models.chat` notes)."""
+    if cfg.sample.backend != "openai" or cfg.sample.endpoint_api != "chat":
+        return None
+    from collections import Counter
+
+    from leakray.models import chat
+
+    counts = Counter(n for notes in target.column(C.NOTES).to_pylist() for n in set(notes or [])
+                     if n in (chat.FENCED, chat.PROSE, chat.REPEATED))
+    return {"rows": target.num_rows, "answers": {n: counts[n] for n in (chat.FENCED, chat.PROSE, chat.REPEATED)}}
+
+
+def _chat_words(c: dict | None) -> str:
+    if not c:
+        return ""
+    a = c["answers"]
+    return (f" (through its chat API: no `echo`, no one-token draws; rows whose answers were fenced "
+            f"{a['chat_answer_fenced']}, opened with a sentence {a['chat_answer_prose_before_code']}, wrote the given "
+            f"code out again {a['chat_answer_repeated_the_code']}, of {c['rows']})")
 
 
 def self_calibrated(target: pa.Table, a) -> dict:
@@ -391,7 +414,8 @@ def render_markdown(r: dict) -> str:
            f"{_f((sc.get('ci') or [None, None])[1], True)})" if sc.get("estimate") is not None else "–")
         + ("" if sc.get("usable") else f" — not used: {sc.get('why_unusable')}"),
         *([_control_line(s["control"])] if s.get("control") else []),
-        f"- access: {s.get('access', '–')} — detectors run: {', '.join(s.get('detectors_run') or []) or 'none'}",
+        f"- access: {s.get('access', '–')}{_chat_words(s.get('chat_api'))} — detectors run: "
+        f"{', '.join(s.get('detectors_run') or []) or 'none'}",
         f"- card route ({s['primary_detector']}, rates off the rows that chose its cut; the card's shadow "
         f"{_leak_words((s.get('shadow_vs_target') or {}).get('shadow_leak'))}): "
         + (f"{_f(cr.get('estimate'), True)} ({_f(cr['ci'][0], True)}–{_f(cr['ci'][1], True)})"

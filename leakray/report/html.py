@@ -317,6 +317,15 @@ def _summary_cards(summary: Mapping) -> str:
         _card("verdicts", " / ".join(fmt(verdicts.get(v)) for v in VERDICTS), "confirmed / suspected / clean<br>"
               + escape(str(summary.get("suspected_means") or ""))),
     ]
+    if summary.get("access"):  # what the target gave, hence which of the card's detectors could run
+        chat = summary.get("chat_api")
+        answers = (chat or {}).get("answers") or {}
+        cards.append(_card("access", escape(str(summary["access"])),
+                           f"detectors run: {escape(', '.join(summary.get('detectors_run') or []) or 'none')}"
+                           + (f"<br>through a chat API ({fmt(chat.get('rows'))} rows; answers fenced "
+                              f"{fmt(answers.get('chat_answer_fenced'))}, opened with a sentence "
+                              f"{fmt(answers.get('chat_answer_prose_before_code'))}, repeating the given code "
+                              f"{fmt(answers.get('chat_answer_repeated_the_code'))})" if chat else "")))
     return '<div class="cards">' + "".join(cards) + "</div>"
 
 

@@ -45,7 +45,9 @@ def endpoint_usage_line(stages: dict) -> list[str]:
                   else ", its answers counted no tokens")
         # per task: what another benchmark of n tasks would cost with the same settings
         each = f", {u.get('requests', 0) / tasks:.1f} requests per task" if tasks else ""
-        return f"{name} {u.get('requests', 0):,} requests ({u.get('retries', 0):,} of them retries{each}){tokens}"
+        # the plan's count (`--plan`): what the settings ask, every request answered the first time
+        plan = f"; the plan counted {u['planned']:,}" if u.get("planned") is not None else ""
+        return f"{name} {u.get('requests', 0):,} requests ({u.get('retries', 0):,} of them retries{each}{plan}){tokens}"
 
     return ["", "Asked of the endpoint (every attempt of the stage; a batch a kill cut short is left out): "
             + "; ".join(one(name, st) for name, st in used.items())]
