@@ -157,6 +157,16 @@ def test_probes_through_a_chat_endpoint(memorised):
         seen, unseen = registry.make(name).score(chatted)
         assert seen > unseen, (name, seen, unseen)
     assert pr.prefix_cuts(SEEN_P, SEEN_R) == chatted.column(C.PREFIX_CUTS).to_pylist()[0]
+    # how the model answered is counted apart from what went wrong with a row
+    import pyarrow as pa
+
+    from leakray.stages.collect import collection_stats
+
+    for col, typ in ((C.EXEC_STATUS, pa.string()), (C.N_TOKENS, pa.int32())):
+        chatted = chatted.set_column(chatted.schema.get_field_index(col), col, pa.array([[]] * 2, pa.list_(typ)))
+    stats = collection_stats(chatted, 1.0)
+    assert stats["chat_answers"] == {chat.FENCED: 2, chat.PROSE: 2, chat.REPEATED: 2}
+    assert not any(k.startswith("chat_answer") for k in stats["errors"])
 
 
 def test_the_report_says_the_target_was_read_through_a_chat_api():

@@ -776,11 +776,15 @@ def collection_stats(table: pa.Table, seconds: float, errors_path: Path | None =
     probe_s = [row for row in table.column(C.PROBE_SECONDS).to_pylist() if row] \
         if C.PROBE_SECONDS in table.column_names else []
     traffic = {k: notes.pop(k) for k in list(notes) if is_traffic(k)}
+    answers = {k: notes.pop(k) for k in list(notes) if k.startswith(CHAT_ANSWER)}
     return {
         **part_stats(table, sum(n_tokens), sum(statuses.values())),
         # rows that sent an endpoint requests, needed retries (by reason): what it cost to reach it, not
         # what is wrong with a row (a count of rows, each reason once per row, as for errors)
         **({"endpoint_rows": traffic} if traffic else {}),
+        # rows whose chat answers had their wrapping taken off (`leakray.models.chat`): how the model
+        # answered, not a fault of the row
+        **({"chat_answers": answers} if answers else {}),
         # each probe's wall time over the collection (what it adds to the sampling pass)
         # (a collection made before the next-token probe has three entries per row, before the question
         # probe four)
@@ -799,6 +803,7 @@ def collection_stats(table: pa.Table, seconds: float, errors_path: Path | None =
 # The endpoint sampler's request counters (`EndpointSampler.stats`) that reach a row's notes with
 # its other counters: its traffic, not a degradation (`collection_stats` keeps them apart).
 TRAFFIC = ("requests", "retries", "failed_rows")
+CHAT_ANSWER = "chat_answer_"  # the prefix of `leakray.models.chat`'s notes on how an answer was wrapped
 
 
 def is_traffic(note: str) -> bool:
