@@ -31,6 +31,10 @@ def test_calibrator_round_trip_and_quality(method):
     assert q["brier"] < q["brier_base_rate"] - 0.05  # informative scores beat the base rate, out of fold
     rel = reliability(y, cal.predict(s))
     assert sum(rel["count"]) == len(y) and len(rel["mean_predicted"]) == len(rel["fraction_positive"])
+    # probabilities on the bins' edges (an isotonic calibrator's steps often are): one count per point
+    on_edges = reliability([0, 1, 0, 1, 1], [0.1, 0.15, 0.5, 0.55, 1.0])
+    assert len(on_edges["count"]) == len(on_edges["mean_predicted"]) == len(on_edges["fraction_positive"])
+    assert on_edges["count"] == [1, 1, 1, 1, 1] and on_edges["mean_predicted"][:2] == pytest.approx([0.1, 0.15])
     with pytest.raises(BadInput):
         fit_calibrator(np.ones(5, int), np.arange(5.0))
 

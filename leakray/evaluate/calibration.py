@@ -87,7 +87,10 @@ def reliability(y, prob, bins: int = 10) -> dict:
     y, p = np.asarray(y, dtype=np.int64), np.clip(np.asarray(prob, dtype=np.float64), 0.0, 1.0)
     frac, mean = calibration_curve(y, p, n_bins=bins, strategy="uniform")
     edges = np.linspace(0.0, 1.0, bins + 1)
-    counts = np.bincount(np.clip(np.digitize(p, edges[1:-1]), 0, bins - 1), minlength=bins)
+    # binned as calibration_curve bins (a probability on an edge goes to the bin below it): an
+    # isotonic calibrator's steps often land exactly on 0.1, 0.2, ..., and `np.digitize` put them in
+    # the bin above, so a bin could hold counts and no curve point (the page's plot then failed)
+    counts = np.bincount(np.searchsorted(edges[1:-1], p), minlength=bins)
     return {"mean_predicted": mean.tolist(), "fraction_positive": frac.tolist(),
             "count": [int(c) for c in counts if c > 0]}
 
