@@ -10,6 +10,9 @@ Targets (HumanEval, 164 tasks; members drawn by task with a seed the audit never
 - the clean tiny base served through the OpenAI-compatible endpoint backend (truth 0%);
 - `endpoint-noecho-*`: served by an endpoint that refuses `echo` (it scores no given text, but
   returns the log-probabilities of what it samples): the clean base and a 20% twin;
+- `endpoint-chat-*`: served only as a chat (`sample.endpoint_api=chat`): each text asked for in
+  words, each answer a sentence and a fence around the given code written out again before the
+  continuation (the server's `prose_repeat` style); the clean base and a 20% twin;
 - `mixcard-*`: the same kinds of target audited with a card whose shadow carries a
   pretraining-mixture leak (`leak.mode=pretrain-mix`, each shadow member read 16 times);
 - `ctrl-*`: the control route — a seeded third of HumanEval (55 tasks) is given as control tasks
@@ -52,6 +55,9 @@ TARGETS = {
     # given text, as many hosted APIs): access "sampled logprobs", a clean target and a 20% twin
     "endpoint-noecho-clean": ("tiny", "endpoint", 0.0, 0, "tiny"),
     "endpoint-noecho-twin-20": ("tiny", "finetune", 0.2, 0, "tiny"),
+    # served only as a chat: no echo, no one-token draws, the continuation read out of each answer
+    "endpoint-chat-clean": ("tiny", "endpoint", 0.0, 0, "tiny"),
+    "endpoint-chat-twin-20": ("tiny", "finetune", 0.2, 0, "tiny"),
     # a card whose shadow read its half of the tasks 16 times each in a pretraining mixture
     "mixcard-d16": ("tiny", "pretrain-mix", 0.25, 16, "tiny+mix16"),
     "mixcard-d4": ("tiny", "pretrain-mix", 0.25, 4, "tiny+mix16"),
@@ -159,12 +165,17 @@ def no_echo(body: dict, n: int) -> str | None:
     return "400:echo is not supported for this model" if body.get("echo") else flaky(body, n)
 
 
-SERVED = {"endpoint-clean": flaky, "endpoint-noecho-clean": no_echo, "endpoint-noecho-twin-20": no_echo}
+SERVED = {"endpoint-clean": flaky, "endpoint-noecho-clean": no_echo, "endpoint-noecho-twin-20": no_echo,
+          "endpoint-chat-clean": flaky, "endpoint-chat-twin-20": flaky}
+# rows served as a chat: the server's answer style (leakray.models.endpoint_server.CHAT_STYLES)
+CHAT = {"endpoint-chat-clean": "prose_repeat", "endpoint-chat-twin-20": "prose_repeat"}
 
 
-def audit(target: dict, card: Path, out: Path, reference: str, extra: list[str] = (), served=None) -> Path:
+def audit(target: dict, card: Path, out: Path, reference: str, extra: list[str] = (), served=None,
+          chat_style: str | None = None) -> Path:
     """The audit of ``target`` (a model path), or of the same model behind a local endpoint whose
-    requests pass the fault hook ``served``."""
+    requests pass the fault hook ``served`` (through its chat API, answering in ``chat_style``,
+    when one is given)."""
     from leakray.config import AUDIT_DEFAULTS, AuditConfig, load_config
     from leakray.console import Console
     from leakray.protocols.audit import run_audit
@@ -175,9 +186,11 @@ def audit(target: dict, card: Path, out: Path, reference: str, extra: list[str] 
         return run_audit(load_config([AUDIT_DEFAULTS], overrides, AuditConfig), Console(stream=LOG))
     from leakray.models.endpoint_server import CompletionServer, HFBackend
 
-    with CompletionServer(HFBackend(target["path"], threads=1), fault=served, lifetime_s=3600) as srv:
+    backend = HFBackend(target["path"], threads=1, chat_style=chat_style or "plain")
+    with CompletionServer(backend, fault=served, lifetime_s=3600) as srv:
         overrides += ["sample.backend=openai", f"sample.endpoint_url={srv.url}", "audit.target=tiny-served",
                       "sample.backoff_s=0.2", "sample.max_retries=8"]
+        overrides += ["sample.endpoint_api=chat"] if chat_style else []
         return run_audit(load_config([AUDIT_DEFAULTS], overrides, AuditConfig), Console(stream=LOG))
 
 
@@ -336,14 +349,16 @@ def main() -> None:
             extra = [f"benchmark.path={bench_file}", f"audit.control=humaneval-control={control_file}"]
         target = build_target(name, spec, cfg, audited, out)
         other = "tiny-alt" if spec[0] == "tiny" else "tiny"
-        run_dir = audit(target, cards[spec[4]], out, reference=other, extra=extra, served=SERVED.get(name))
+        run_dir = audit(target, cards[spec[4]], out, reference=other, extra=extra, served=SERVED.get(name),
+                        chat_style=CHAT.get(name))
         report = json.loads((run_dir / "report.json").read_text())
         report["run_dir"] = str(run_dir)
         rows.append(row(name, spec, target, report, len(audited), other))
         rows[-1]["seconds"] = round(time.perf_counter() - t, 1)
         print(json.dumps(rows[-1]), flush=True, file=sys.stderr)
         # the clean base is its own oracle; an endpoint without echo gives no log-probabilities to compare
-        if not args.no_oracle and spec[1] not in ("none", "endpoint") and SERVED.get(name) is not no_echo:
+        if not args.no_oracle and spec[1] not in ("none", "endpoint") and SERVED.get(name) is not no_echo \
+                and name not in CHAT:
             sc = oracle_selfcal(run_dir, cfg, spec[0])
             truth = len(target["members"]) / len(audited)
             est = sc["estimate"] if sc["usable"] else None
