@@ -348,22 +348,17 @@ class EndpointSampler:
         def parse(body):
             return [(c, _token_logprobs(c)) for c in _choices(body, k)]
 
-        try:
+        def post():
             asked = self._logprobs and logprobs
             try:
-                choices = self._post({**payload, "logprobs": 1} if asked else payload, parse, key)
+                return self._post({**payload, "logprobs": 1} if asked else payload, parse, key)
             except _Refused as exc:
                 if not asked or "logprob" not in exc.message.lower():
                     raise
                 self._logprobs = False  # a target that refuses logprobs: completions without them
-                choices = self._post(payload, parse, key)
-        except _Refused as exc:
-            return self._failed(key, f"http_{exc.status}")
-        except _RowFailed as exc:
-            return self._failed(key, exc.reason)
-        notes = [NO_LOGPROBS] if logprobs and any(lps is None for _, lps in choices) else []
-        texts, ppls, counts = [], [], []
-        for choice, lps in choices:
+                return self._post(payload, parse, key)
+
+        def keep(choice: dict, lps) -> tuple[str, list[int], list[str]]:
             raw = choice["text"]
             # a stop string the server cut off ends the unit there (vLLM names it in stop_reason):
             # putting it back lets the cut also drop what goes with it (comments just before)
@@ -372,16 +367,32 @@ class EndpointSampler:
             # (the cut may fall inside the stop string, after its newline: the text keeps none
             # of it, the token count does, as the HF sampler's, whose raw text has the stop)
             cut = cut_point(prompt, raw + tail, lang)
-            texts.append(raw[:cut].rstrip() + "\n")
             if lps is None:
-                ppls.append(math.nan)
-                counts.append(0)
-                continue
-            values, offsets = lps
-            n = max(1, sum(1 for o in offsets if o < cut))  # an immediate EOS has a probability too
-            kept = [v for v in values[:n] if v is not None]
+                return raw[:cut], [], []
+            n = max(1, sum(1 for o in lps[1] if o < cut))  # an immediate EOS has a probability too
+            return raw[:cut], list(range(min(n, len(lps[0])))), []
+
+        return self._read(key, post, logprobs, keep)
+
+    def _read(self, key: str, post, logprobs: bool, keep) -> Samples:
+        """The row's samples from ``post()``'s (choice, its log-probs or None) pairs, or the failed
+        row; ``keep(choice, lps)`` gives the text kept, the indices of the tokens that generated
+        it and what was undone to find it (notes)."""
+        try:
+            choices = post()
+        except _Refused as exc:
+            return self._failed(key, f"http_{exc.status}")
+        except _RowFailed as exc:
+            return self._failed(key, exc.reason)
+        notes = [NO_LOGPROBS] if logprobs and any(lps is None for _, lps in choices) else []
+        texts, ppls, counts = [], [], []
+        for choice, lps in choices:
+            text, picked, undone = keep(choice, lps)
+            notes += [n for n in undone if n not in notes]
+            texts.append(text.rstrip() + "\n")
+            kept = [] if lps is None else [v for v in (lps[0][j] for j in picked) if v is not None]
             ppls.append(math.exp(-sum(kept) / len(kept)) if kept else math.nan)
-            counts.append(min(n, len(values)))
+            counts.append(0 if lps is None else len(picked))
         return self._samples(texts, ppls, counts, notes)
 
     def _chat_one(self, prompt: str, lang: str, key: str, k: int, temperature: float, top_p: float,
@@ -398,31 +409,15 @@ class EndpointSampler:
         def parse(body):
             return [(c, chat.token_logprobs(c)) for c in _chat_choices(body, k)]
 
-        try:
-            choices = self._chat_post(payload, budget, parse, key, self._logprobs and logprobs)
-        except _Refused as exc:
-            return self._failed(key, f"http_{exc.status}")
-        except _RowFailed as exc:
-            return self._failed(key, exc.reason)
-        notes = [NO_LOGPROBS] if logprobs and any(lps is None for _, lps in choices) else []
-        texts, ppls, counts = [], [], []
-        for choice, lps in choices:
+        def keep(choice: dict, lps) -> tuple[str, list[int], list[str]]:
             answer = choice["text"]
             start, end, undone = chat.continuation_span(base, answer)
-            notes += [n for n in undone if n not in notes]
-            raw = answer[start:end]
-            cut = cut_point(prompt, raw, lang)
-            texts.append(raw[:cut].rstrip() + "\n")
-            if lps is None:
-                ppls.append(math.nan)
-                counts.append(0)
-                continue
-            values, offsets = lps
-            picked = chat.covering(offsets, start, start + cut, len(answer))
-            kept = [values[j] for j in picked]
-            ppls.append(math.exp(-sum(kept) / len(kept)) if kept else math.nan)
-            counts.append(len(picked))
-        return self._samples(texts, ppls, counts, notes)
+            cut = cut_point(prompt, answer[start:end], lang)
+            picked = [] if lps is None else chat.covering(lps[1], start, start + cut, len(answer))
+            return answer[start:start + cut], picked, undone
+
+        return self._read(key, lambda: self._chat_post(payload, budget, parse, key, self._logprobs and logprobs),
+                          logprobs, keep)
 
     def _chat_post(self, payload: dict, budget: int, parse, key: str, logprobs: bool):
         """`_post` of a chat request, learning once what the server refuses: log-probabilities
