@@ -174,17 +174,14 @@ def test_the_report_says_the_target_was_read_through_a_chat_api():
     needed their wrapping taken off."""
     from types import SimpleNamespace as NS
 
-    import pyarrow as pa
-
     from leakray.report import html as rh
     from leakray.report.audit import _chat_words, chat_api
 
-    notes = [[chat.FENCED, chat.REPEATED, chat.FENCED], [chat.FENCED], [], ["retries"]]
-    table = pa.table({C.NOTES: pa.array(notes, pa.list_(pa.string()))})
+    collected = {"rows_out": 4, "chat_answers": {chat.FENCED: 2, chat.REPEATED: 1}}  # the stage's stats
     cfg = NS(sample=NS(backend="openai", endpoint_api="chat"))
-    got = chat_api(cfg, table)
+    got = chat_api(cfg, collected)
     assert got == {"rows": 4, "answers": {chat.FENCED: 2, chat.PROSE: 0, chat.REPEATED: 1}}
-    assert chat_api(NS(sample=NS(backend="openai", endpoint_api="completions")), table) is None
+    assert chat_api(NS(sample=NS(backend="openai", endpoint_api="completions")), collected) is None
     assert "rows whose answers were fenced 2, opened with a sentence 0, wrote the given code out again 1, of 4" \
         in _chat_words(got)
     page = rh.render_audit({"summary": {"access": "sampled logprobs", "detectors_run": ["gt_match", "cdd"],

@@ -183,7 +183,7 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
         "summary": {
             "benchmark": cfg.benchmark.name, "n_tasks": len(task_ids), "target": a.target,
             "card": card.id, "card_path": str(card.path), "primary_detector": primary,
-            "access": access, "detectors_run": sorted(scores), "chat_api": chat_api(cfg, target),
+            "access": access, "detectors_run": sorted(scores), "chat_api": chat_api(cfg, _stage_info(run_dir, "collect_target")),
             "leaked_fraction": decision, "inflation": infl,
             "self_calibrated": _public(selfcal_result), "card_route": _public(card_result),
             "control": _public(control_result),
@@ -241,18 +241,17 @@ def crossfit_scores(card: DetectorCard, task_ids: list[str], scores: dict[str, n
             "why": "learned detectors score only the tasks the card held out from their training"}
 
 
-def chat_api(cfg, target: pa.Table) -> dict | None:
+def chat_api(cfg, collected: dict) -> dict | None:
     """For a target read through a chat API (`sample.endpoint_api=chat`): how many rows' answers
-    needed their fences, a sentence or the given code taken off (`leakray.models.chat` notes)."""
+    needed their fences, a sentence or the given code taken off (the target collection's stats,
+    ``collected``: its `chat_answers`)."""
     if cfg.sample.backend != "openai" or cfg.sample.endpoint_api != "chat":
         return None
-    from collections import Counter
-
     from leakray.models import chat
 
-    counts = Counter(n for notes in target.column(C.NOTES).to_pylist() for n in set(notes or [])
-                     if n in (chat.FENCED, chat.PROSE, chat.REPEATED))
-    return {"rows": target.num_rows, "answers": {n: counts[n] for n in (chat.FENCED, chat.PROSE, chat.REPEATED)}}
+    answers = collected.get("chat_answers") or {}
+    return {"rows": collected.get("rows_out"),
+            "answers": {n: answers.get(n, 0) for n in (chat.FENCED, chat.PROSE, chat.REPEATED)}}
 
 
 def _chat_words(c: dict | None) -> str:
