@@ -249,7 +249,27 @@ def row(name: str, spec: tuple, target: dict, report: dict, n_tasks: int, refere
         "self_cal": (s.get("self_calibrated") or {}).get("estimate"),
         "card_route": (s.get("card_route") or {}).get("estimate"),
         "control": _control_cells(s.get("control")),
+        "members_auc": members_auc(Path(report["run_dir"]), members),
     }
+
+
+def members_auc(run_dir: Path, members: set[str], top: int = 4) -> dict | None:
+    """The best ``top`` detectors' AUC against the target's true members, on the scores the audit
+    wrote (`scores.parquet`; a learned detector's cross-fitted NaNs left out); None for a clean
+    target."""
+    import math
+
+    import pyarrow.parquet as pq
+    from sklearn.metrics import roc_auc_score
+
+    by_detector: dict[str, tuple[list, list]] = {}
+    for r in pq.read_table(run_dir / "scores.parquet").to_pylist():
+        if r["score"] is not None and math.isfinite(r["score"]):
+            ys, ss = by_detector.setdefault(r["detector"], ([], []))
+            ys.append(r["task_id"] in members)
+            ss.append(r["score"])
+    aucs = {d: round(float(roc_auc_score(y, s)), 3) for d, (y, s) in by_detector.items() if 0 < sum(y) < len(y)}
+    return dict(sorted(aucs.items(), key=lambda kv: -kv[1])[:top]) or None
 
 
 def _control_cells(c: dict | None) -> dict | None:

@@ -70,12 +70,10 @@ def continuation_span(given: str, answer: str) -> tuple[int, int, list[str]]:
 
 def _repeat_length(given: str, code: str) -> int:
     """How many characters at the start of ``code`` repeat the end of ``given`` (0: none)."""
-    if code.startswith(given) and len(given.strip()) >= _MIN_REPEAT:
-        return len(given)
     glines = given.split("\n")
     clines = code.split("\n")
-    # a suffix of the given lines, from line o: every line but the last equal up to trailing
-    # spaces, the last (where the given text stops) a prefix of the code's line
+    # a suffix of the given lines, from line o (0: the whole text): every line but the last equal up
+    # to trailing spaces, the last (where the given text stops) a prefix of the code's line
     for o in range(len(glines)):
         tail = glines[o:]
         if len("".join(tail).strip()) < _MIN_REPEAT or len(clines) < len(tail):

@@ -59,7 +59,7 @@ def audit_requests(cfg: AuditConfig, tasks: list[dict]) -> RequestPlan:
     a = cfg.audit
     extra = collect_config(cfg).extra
     plan = collection_requests(tasks, to_stage(cfg.sample), extra, None, tuple(cfg.columns.advprompt_kinds))
-    chatted = cfg.sample.backend == "openai" and cfg.sample.endpoint_api == "chat"
+    chatted = cfg.sample.endpoint_api == "chat"  # only with the openai backend (config.py refuses it otherwise)
     if cfg.sample.backend == "openai":  # the one-token check an audit of an endpoint asks first
         check = chat_text(CHECK_PROMPT) if chatted else CHECK_PROMPT
         plan.parts.insert(0, Part("endpoint check", 1, 1, 1, len(check)))
@@ -80,7 +80,7 @@ def audit_requests(cfg: AuditConfig, tasks: list[dict]) -> RequestPlan:
 def plan_lines(cfg: AuditConfig, plan: RequestPlan) -> list[str]:
     """The plan as a table a user reads before starting a paid audit."""
     served = cfg.sample.backend == "openai"
-    chatted = served and cfg.sample.endpoint_api == "chat"
+    chatted = cfg.sample.endpoint_api == "chat"
     where = (f"the endpoint {cfg.sample.endpoint_url} (model {cfg.sample.endpoint_model or cfg.audit.target}"
              f"{', through its chat API' if chatted else ''})"
              if served else f"the target, served here ({cfg.sample.backend}): nothing is sent to an endpoint; "

@@ -178,12 +178,13 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
     export = export_cleaned(cfg, tasks, {t for t, v in zip(task_ids, verdict) if v != "clean"}, run_dir)
     dmeta = card.meta["detectors"]
     target_auc = truth_check(member, scores)  # once: None unless the target's membership is known
+    collected = _stage_info(run_dir, "collect_target")
     report = {
         "title": f"leakray audit: {cfg.benchmark.name} on {a.target}",
         "summary": {
             "benchmark": cfg.benchmark.name, "n_tasks": len(task_ids), "target": a.target,
             "card": card.id, "card_path": str(card.path), "primary_detector": primary,
-            "access": access, "detectors_run": sorted(scores), "chat_api": chat_api(cfg, _stage_info(run_dir, "collect_target")),
+            "access": access, "detectors_run": sorted(scores), "chat_api": chat_api(cfg, collected),
             "leaked_fraction": decision, "inflation": infl,
             "self_calibrated": _public(selfcal_result), "card_route": _public(card_result),
             "control": _public(control_result),
@@ -193,7 +194,7 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
                                                     + (" (the control route: Benjamini–Hochberg on conformal p-values)"
                                                        if pq_route is control_result else ""),
             "verdicts": {v: int((verdict == v).sum()) for v in VERDICTS},
-            "reference_model": _stage_info(run_dir, "collect_target").get("reference_model"),
+            "reference_model": collected.get("reference_model"),
             "shadow_vs_target": shadow_vs_target(card, cfg),
         },
         "detectors": {n: {**{k: dmeta[n]["validation"].get(k) for k in ("auc", "auc_ci", "tpr_at_1fpr", "tpr_at_5fpr",
@@ -245,7 +246,7 @@ def chat_api(cfg, collected: dict) -> dict | None:
     """For a target read through a chat API (`sample.endpoint_api=chat`): how many rows' answers
     needed their fences, a sentence or the given code taken off (the target collection's stats,
     ``collected``: its `chat_answers`)."""
-    if cfg.sample.backend != "openai" or cfg.sample.endpoint_api != "chat":
+    if cfg.sample.endpoint_api != "chat":  # only with the openai backend (config.py)
         return None
     from leakray.models import chat
 

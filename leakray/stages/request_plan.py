@@ -76,7 +76,7 @@ def collection_requests(tasks: list[dict], sample, extra, adv_prompts: list[list
 
     k, budget = sample.k, sample.max_new_tokens
     probe_budget = min(extra.probe_tokens, budget)  # as EndpointSampler.greedy_probe caps it
-    chatted = getattr(sample, "endpoint_api", "completions") == "chat"
+    chatted = sample.endpoint_api == "chat"
     extra_tokens = sample.chat_extra_tokens if chatted else 0
     parts: dict[str, Part] = {}
 
