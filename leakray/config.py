@@ -64,7 +64,9 @@ def to_stage(section: Section):
 # ---- sections ------------------------------------------------------------------------------
 
 class BenchmarkConfig(Section):
-    name: str = "humaneval"  # a registered reader (humaneval, mbpp, classeval, ...)
+    # a registered reader (humaneval, mbpp, classeval, ...), or a label of the user's own with ``path``
+    # (its format sniffed: any reader's, or leakray's task format, data/task_file.py)
+    name: str = "humaneval"
     path: str | None = None  # None: where the reader's data ships (only humaneval ships)
     # several benchmarks in one run (a row each in one report): readers, with paths where they do not ship
     names: list[str] = Field(default_factory=list)
@@ -87,19 +89,31 @@ class BenchmarkConfig(Section):
 
 
 def _check_reader(name: str, path: str | None) -> None:
+    """``name`` a registered reader (with its file where it ships none), or a label of the user's
+    own with a file in a format some reader knows (sniffed here, so a wrong file is refused now)."""
     import inspect
 
-    from leakray.data.registry import DEFAULT_PATHS, READERS
+    from leakray.data.registry import DEFAULT_PATHS, READERS, TASK_FORMAT_FIELDS, check_label, sniff_reader
+    from leakray.errors import BadInput
 
+    if path is not None and not Path(path).expanduser().exists():
+        raise ValueError(f"benchmark path {path!r} does not exist")
+    reader = name
     if name not in READERS:
-        raise ValueError(f"unknown benchmark {name!r}; known: {', '.join(sorted(READERS))}")
-    if path is None and DEFAULT_PATHS.get(name) is None:
+        if path is None:
+            raise ValueError(f"unknown benchmark {name!r}; known: {', '.join(sorted(READERS))}; a benchmark of "
+                             f"your own: --benchmark {name}=PATH (a file in one of these formats, or in leakray's "
+                             f"task format: {TASK_FORMAT_FIELDS})")
+        try:
+            check_label(name)
+            reader = sniff_reader(Path(path).expanduser())
+        except BadInput as exc:
+            raise ValueError(str(exc)) from None
+    elif path is None and DEFAULT_PATHS.get(name) is None:
         first = next(iter(inspect.signature(READERS[name]).parameters.values()))
         if first.default is inspect.Parameter.empty:
             raise ValueError(f"benchmark {name!r} ships no data: set benchmark.path to its file (benchmark.paths in a multi-benchmark run)")
-    if path is not None and not Path(path).expanduser().exists():
-        raise ValueError(f"benchmark path {path!r} does not exist")
-    if name == "classeval":
+    if reader == "classeval":
         _need_modules(("docx", "openpyxl", "PIL", "nltk"), "classeval",
                       "benchmark classeval (its references import them in the sandbox)")
 

@@ -28,35 +28,11 @@ def register(sub) -> None:
 
 
 def read_tasks(spec: str) -> list[dict]:
-    """A task-schema file (every row refused with file/row/field if it breaks the schema), or
-    anything `leakray benchmarks validate` accepts."""
+    """A file in leakray's task format (``data/task_file.py``: every row refused with file, row and
+    field if it breaks the schema), or anything `leakray benchmarks validate` accepts."""
     from leakray.commands.benchmarks import load_spec
-    from leakray.data.io import iter_records
-    from leakray.data.tasks import make_task
-    from leakray.errors import BadInput
-    from leakray.schema import T
 
-    if not os.path.isfile(spec):
-        return load_spec(spec)
-    first = next(iter_records(spec), (None, {}))[1]
-    if not set(T.REQUIRED_NONEMPTY) <= set(first):
-        return load_spec(spec)
-    tasks = []
-    for row, rec in iter_records(spec):
-        meta = rec.get(T.META) or {}
-        if isinstance(meta, str):
-            try:
-                meta = json.loads(meta)
-            except json.JSONDecodeError as exc:
-                raise BadInput(f"not a JSON object ({exc.msg})", path=spec, row=row, field=T.META) from exc
-        for field in T.ALL:
-            if field != T.META and rec.get(field) is not None and not isinstance(rec[field], str):
-                raise BadInput("not a string", path=spec, row=row, field=field)
-        tasks.append(make_task(
-            benchmark=rec.get(T.BENCHMARK), task_id=rec.get(T.TASK_ID), language=rec.get(T.LANGUAGE),
-            prompt=rec.get(T.PROMPT), reference=rec.get(T.REFERENCE), tests=rec.get(T.TESTS) or "",
-            runner=rec.get(T.RUNNER), entry_point=rec.get(T.ENTRY_POINT) or "", meta=meta, path=spec, row=row))
-    return tasks
+    return load_spec(spec)
 
 
 def variant_row(task: dict, v, seed: int) -> dict:

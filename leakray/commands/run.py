@@ -111,7 +111,9 @@ def register(sub) -> None:
     add_config_args(p)
     p.add_argument("--target", help="model under audit: HF id, local path, or an endpoint's model name "
                                     "(with --set sample.backend=openai); default: planted")
-    p.add_argument("--benchmark", metavar="NAME[=PATH]", help="benchmark reader and file (default: humaneval)")
+    p.add_argument("--benchmark", metavar="NAME[=PATH]", help="a benchmark reader and its file (default: humaneval), or a label of your own and its "
+                        "file: any reader's format, or leakray's task format (task_id, prompt, reference; tests, "
+                        "language, entry_point optional)")
     p.add_argument("--shadow-base", help="base model of the shadow (default: the local tiny model)")
     p.add_argument("--planted-base", help="base of the planted target when it differs from the shadow's "
                                           "(tiny, tiny-alt, an HF id or path)")
@@ -132,7 +134,9 @@ def register(sub) -> None:
     card_sub = card.add_subparsers(dest="card_command", required=True)
     b = card_sub.add_parser("build", help="fine-tune a shadow, fit and calibrate every detector, save the card")
     add_config_args(b)
-    b.add_argument("--benchmark", metavar="NAME[=PATH]", help="benchmark reader and file (default: humaneval)")
+    b.add_argument("--benchmark", metavar="NAME[=PATH]", help="a benchmark reader and its file (default: humaneval), or a label of your own and its "
+                        "file: any reader's format, or leakray's task format (task_id, prompt, reference; tests, "
+                        "language, entry_point optional)")
     b.add_argument("--shadow-base", help="base model of the shadow (default: the local tiny model)")
     b.add_argument("--quick", action="store_true", help="smoke-sized: " + " ".join(AUDIT_QUICK))
     b.set_defaults(func=lambda args: run_audit_cmd(args, card_only=True))

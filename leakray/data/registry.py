@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,16 +48,41 @@ def _builtin() -> None:
     register("classeval", read_classeval, signature=("task_id", "skeleton", "solution_code", "test", "class_name"))
     register("apps", read_apps, signature=("problem_id", "question", "solutions", "input_output"))
 
+    from leakray.data.task_file import SIGNATURE, read_task_file
+
+    # a benchmark of the user's own, in the task table's own fields (data/task_file.py)
+    register(TASK_FORMAT, read_task_file, signature=SIGNATURE)
+
+
+TASK_FORMAT = "tasks"  # the reader of leakray's own task format
+# a label of the user's own (`--benchmark NAME=PATH`): it names run directories and report rows
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
 
 _builtin()
 
 
 def load_benchmark(spec: str, path: str | Path | None = None) -> list[dict]:
-    """Load tasks by registered name (optionally with a path), e.g. 'humaneval' or 'mbpp' + path."""
+    """Load tasks by registered name (optionally with a path), e.g. 'humaneval' or 'mbpp' + path;
+    a name of the user's own with a path is a label, the file's format sniffed (`load_benchmark_file`)."""
     if spec not in READERS:
-        raise BadInput(f"unknown benchmark {spec!r}; known: {sorted(READERS)}")
+        if path is not None:
+            return load_benchmark_file(check_label(spec), path)
+        raise BadInput(f"unknown benchmark {spec!r}; known: {sorted(READERS)}; a benchmark of your own: "
+                       f"NAME=PATH (any of these formats, or leakray's task format: {TASK_FORMAT_FIELDS})")
     path = path or DEFAULT_PATHS.get(spec)
     return READERS[spec](path) if path else READERS[spec]()
+
+
+TASK_FORMAT_FIELDS = "task_id, prompt, reference, optional tests, language, entry_point"
+
+
+def check_label(name: str) -> str:
+    """A benchmark label of the user's own, refused unless it can name a directory and a report row."""
+    if not _LABEL.fullmatch(name or ""):
+        raise BadInput(f"benchmark label {name!r}: letters, digits, '.', '_' or '-', at most 64, "
+                       "starting with a letter or digit", field="benchmark.name")
+    return name
 
 
 def sniff_reader(path: str | Path) -> str:
@@ -68,7 +94,8 @@ def sniff_reader(path: str | Path) -> str:
         for name, fields in sorted(SIGNATURES, key=lambda s: -len(s[1])):  # most specific first
             if fields <= keys:
                 return name
-        raise BadInput(f"no reader recognises fields {sorted(keys)}", path=str(path), row=1)
+        raise BadInput(f"no reader recognises fields {sorted(keys)} (leakray's own task format has "
+                       f"{TASK_FORMAT_FIELDS})", path=str(path), row=1)
     raise BadInput("file has no records", path=str(path))
 
 

@@ -30,12 +30,12 @@ def make_task(*, benchmark: str, task_id: str, language: str, prompt: str, refer
         T.ENTRY_POINT: entry_point or "",
         T.META: json.dumps(meta, sort_keys=True, default=str),
     }
+    if language not in LANGUAGES:  # before the runner, which an unknown language leaves empty
+        raise BadInput(f"unknown language {language!r} (expected one of {LANGUAGES})", path=path, row=row,
+                       field=T.LANGUAGE)
     for field in T.REQUIRED_NONEMPTY:
         if not isinstance(task[field], str) or not task[field].strip():
             raise BadInput("empty or not a string", path=path, row=row, field=field)
-    if language not in LANGUAGES:
-        raise BadInput(f"unknown language {language!r} (expected one of {LANGUAGES})", path=path, row=row,
-                       field=T.LANGUAGE)
     if runner not in X.RUNNERS:
         raise BadInput(f"unknown runner {runner!r} (expected one of {X.RUNNERS})", path=path, row=row,
                        field=T.RUNNER)

@@ -50,7 +50,7 @@ class ModelEntry(_Strict):
 
 
 class BenchmarkEntry(_Strict):
-    name: str  # benchmark.name (a registered reader)
+    name: str  # benchmark.name: a registered reader, or a label of your own with `path`
     label: str | None = None  # the label in the catalog (default: name); needed when a name repeats
     path: str | None = None  # benchmark.path, relative to the sweep file
     set: Overrides = Field(default_factory=list)

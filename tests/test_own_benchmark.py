@@ -1,0 +1,108 @@
+"""A benchmark of the user's own: `--benchmark NAME=PATH` with NAME a label and PATH a file in any
+reader's format or in leakray's task format (data/task_file.py). Before, `audit`, `simulate` and
+`card build` refused any NAME that was not a reader ("unknown benchmark 'mybench'"), so a private
+benchmark had to be passed off as one of the eight public ones."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from leakray.errors import BadInput
+from leakray.schema import T
+
+FIX = Path(__file__).parent / "fixtures"
+OWN = FIX / "own_benchmark.jsonl"  # 8 small Python tasks in leakray's task format, with tests
+
+
+def test_a_file_in_the_task_format_is_read_under_its_label():
+    from leakray.data.registry import load_benchmark, sniff_reader
+
+    assert sniff_reader(OWN) == "tasks"
+    tasks = load_benchmark("mybench", OWN)
+    assert len(tasks) == 8 and {t[T.BENCHMARK] for t in tasks} == {"mybench"}
+    first = tasks[0]
+    assert first[T.TASK_ID] == "mine/add" and first[T.LANGUAGE] == first[T.RUNNER] == "python"
+    assert first[T.REFERENCE].startswith(first[T.PROMPT]) and first[T.ENTRY_POINT] == "add"
+    assert json.loads(first[T.META])["source_row"] == 1  # the cleaned export writes back the rows read
+    # under the reader's own name the label is each record's `benchmark`, else the file's stem
+    assert {t[T.BENCHMARK] for t in load_benchmark("tasks", OWN)} == {"own_benchmark"}
+
+
+def test_a_public_format_under_a_label_of_your_own(tmp_path):
+    from leakray.data.registry import load_benchmark
+
+    rows = [json.loads(line) for line in (FIX / "mbpp_small.jsonl").read_text().splitlines() if line.strip()]
+    path = tmp_path / "private.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tasks = load_benchmark("inhouse", path)
+    assert len(tasks) == len(rows) and {t[T.BENCHMARK] for t in tasks} == {"inhouse"}
+
+
+@pytest.mark.parametrize("record, field", [
+    ({"task_id": "a", "prompt": "def f():\n"}, "reference"),
+    ({"task_id": "a", "prompt": "def f():\n", "reference": "def f():\n    return 1\n", "tests": ["x"]}, "tests"),
+    ({"task_id": "a", "prompt": "def f():\n", "reference": "def f():\n    return 1\n", "meta": "{bad"}, "meta"),
+    ({"task_id": "a", "prompt": "def f():\n", "reference": "def f():\n    return 1\n", "language": "cobol"},
+     "language"),
+    ({"task_id": "a", "prompt": " ", "reference": "def f():\n    return 1\n"}, "prompt"),
+])
+def test_a_bad_row_is_refused_with_file_row_and_field(tmp_path, record, field):
+    from leakray.data.registry import load_benchmark
+
+    good = {"task_id": "ok", "prompt": "def g():\n", "reference": "def g():\n    return 2\n"}
+    path = tmp_path / "mine.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps(record) + "\n")
+    with pytest.raises(BadInput) as err:
+        load_benchmark("mine", path)
+    msg = str(err.value)
+    assert str(path) in msg and "row 2" in msg and f"field '{field}'" in msg, msg
+
+
+def test_the_config_takes_a_label_with_its_file_and_refuses_what_it_cannot_read(tmp_path):
+    from leakray.config import AuditConfig, SimulateConfig, load_config
+
+    cfg = load_config([], ["benchmark.name=mybench", f"benchmark.path={OWN}"], AuditConfig)
+    assert cfg.benchmark.name == "mybench"
+    load_config([], ["benchmark.name=mybench", f"benchmark.path={OWN}"], SimulateConfig)
+    unknown = tmp_path / "unknown.jsonl"
+    unknown.write_text(json.dumps({"id": 1, "question": "?"}) + "\n")
+    for sets, needle in (
+            (["benchmark.name=mybench"], "mybench=PATH"),  # a label needs its file
+            (["benchmark.name=my bench", f"benchmark.path={OWN}"], "benchmark label"),  # it names directories
+            (["benchmark.name=../up", f"benchmark.path={OWN}"], "benchmark label"),
+            (["benchmark.name=mybench", f"benchmark.path={tmp_path / 'missing.jsonl'}"], "does not exist"),
+            (["benchmark.name=mybench", f"benchmark.path={unknown}"], "task_id, prompt, reference")):
+        with pytest.raises(ValueError) as err:
+            load_config([], sets, AuditConfig)
+        assert needle in str(err.value), (sets, str(err.value))
+
+
+def test_the_command_line_validates_plans_and_refuses_your_own_benchmark_as_it_does_a_public_one(tmp_path, capsys):
+    from leakray.cli import main
+
+    # the references against their own tests, in the sandbox: the check a user runs on a new file
+    assert main(["benchmarks", "validate", f"mybench={OWN}"]) == 0
+    assert "mybench: 8/8 references pass" in capsys.readouterr().out
+    # what an audit of it would ask of a served model, per part; nothing run or sent
+    assert main(["audit", "--benchmark", f"mybench={OWN}", "--target", "served", "--set", "sample.backend=openai",
+                 "--set", "sample.endpoint_url=http://127.0.0.1:9/v1", "--plan", "--output", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "8 tasks" in out or "Per task:" in out, out
+    assert not list(tmp_path.glob("audit-*"))
+    assert main(["audit", "--benchmark", "mybench", "--plan", "--output", str(tmp_path)]) == 2
+    assert "mybench=PATH" in capsys.readouterr().err
+
+
+def test_the_cleaned_export_of_your_own_benchmark_keeps_its_format(tmp_path):
+    """The audit's cleaned copy drops the flagged tasks' records and writes the rest as they were read."""
+    from leakray.data.registry import load_benchmark
+    from leakray.screen.outputs import export_clean
+
+    tasks = load_benchmark("mybench", OWN)
+    drop = {json.loads(t[T.META])["source_row"] for t in tasks if t[T.TASK_ID] in ("mine/clamp", "mine/flatten")}
+    out = export_clean(OWN, tmp_path, drop)
+    kept = [json.loads(line) for line in out.read_text().splitlines()]
+    original = [json.loads(line) for line in OWN.read_text().splitlines()]
+    assert kept == [r for r in original if r["task_id"] not in ("mine/clamp", "mine/flatten")]
+    assert [t[T.TASK_ID] for t in load_benchmark("mybench", out)] == [r["task_id"] for r in kept]
