@@ -6,7 +6,9 @@ Required: ``task_id``, ``prompt`` (what the model is given) and ``reference`` (t
 runnable solution, the prompt's code included; one that does not repeat the prompt follows it, as
 MBPP's do). Optional: ``tests`` (harness-ready test code; without it every program is "no tests"
 and the pass feature carries nothing), ``language`` (``python``, the default, or ``java``),
-``runner`` (from the language), ``entry_point``, ``meta`` (a JSON object) and ``benchmark``
+``runner`` (how ``tests`` run, `leakray.schema.X.RUNNERS`: ``python``, the default, runs them
+after the program, plain ``assert``s; ``unittest``, ``pytest``; ``stdio``, a JSON object of equal
+lists ``inputs`` and ``outputs``; for Java ``java-main``, the default, and ``junit5``), ``entry_point``, ``meta`` (a JSON object) and ``benchmark``
 (the label; the command line's ``NAME=PATH`` gives it otherwise). Every row is refused with its
 file, row and field when it breaks the schema."""
 
