@@ -2,6 +2,7 @@
 and resumed, then the same audit again from its card with no fine-tuning). A module of its own:
 the tests on the real head run on one xdist worker, one after another (conftest.py)."""
 
+import gzip
 import json
 import shutil
 import subprocess
@@ -72,6 +73,9 @@ def test_audit_end_to_end_then_reuse_card(ray_head, tmp_path, leakray_cache):
     removed = (run / "cleaned" / "removed_ids.txt").read_text().split()
     assert len(removed) == s["inflation"]["n_flagged"] == s["verdicts"]["suspected"] + 1
     assert (run / "cleaned" / "HumanEval.jsonl.gz").exists() and (run / "report.html").exists()
+    # the first 32 tasks audited (--quick): the cleaned file holds those found clean, no unjudged one
+    cleaned = [json.loads(line)["task_id"] for line in gzip.open(run / "cleaned" / "HumanEval.jsonl.gz", "rt")]
+    assert sorted(cleaned) == sorted(r["task_id"] for r in samples if r["task_id"] not in removed)
     assert (run / "report.md").read_text().startswith("# leakray audit")
     assert "AdvPrompt-MIA completed the variants of IDP only" in (run / "report.md").read_text()
     assert "Time by stage (wall, in the invocation that ran it; the machine's CPUs busy over it): " \

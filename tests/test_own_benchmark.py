@@ -106,3 +106,24 @@ def test_the_cleaned_export_of_your_own_benchmark_keeps_its_format(tmp_path):
     original = [json.loads(line) for line in OWN.read_text().splitlines()]
     assert kept == [r for r in original if r["task_id"] not in ("mine/clamp", "mine/flatten")]
     assert [t[T.TASK_ID] for t in load_benchmark("mybench", out)] == [r["task_id"] for r in kept]
+
+
+def test_an_audit_of_the_first_tasks_exports_only_those_it_found_clean(tmp_path):
+    """`benchmark.limit` audits the first tasks only; the cleaned file used to keep every other task
+    of the file too, unjudged, beside "N removed"."""
+    from leakray.config import AuditConfig, load_config
+    from leakray.protocols.simulate import load_tasks
+    from leakray.report.audit import export_cleaned
+
+    cfg = load_config([], ["benchmark.name=mybench", f"benchmark.path={OWN}", "benchmark.limit=4"], AuditConfig)
+    tasks = load_tasks(cfg)
+    audited = [t[T.TASK_ID] for t in tasks]
+    assert audited == ["mine/add", "mine/clamp", "mine/count_vowels", "mine/flatten"]  # sorted by id, first 4
+    got = export_cleaned(cfg, tasks, {"mine/clamp"}, tmp_path)
+    assert got["removed"] == 1 and got["kept"] == 3 and got["not_audited"] == 4
+    kept = [json.loads(line)["task_id"] for line in (tmp_path / got["path"]).read_text().splitlines()]
+    assert kept == ["mine/add", "mine/count_vowels", "mine/flatten"]
+    whole = load_config([], ["benchmark.name=mybench", f"benchmark.path={OWN}"], AuditConfig)
+    (tmp_path / "whole").mkdir()
+    got = export_cleaned(whole, load_tasks(whole), {"mine/clamp"}, tmp_path / "whole")
+    assert got["not_audited"] == 0 and len((tmp_path / "whole" / got["path"]).read_text().splitlines()) == 7

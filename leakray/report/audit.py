@@ -365,7 +365,10 @@ def _evidence_text(e: dict | None) -> str:
 
 
 def export_cleaned(cfg, tasks: list[dict], flagged: set[str], run_dir: Path) -> dict:
-    """The benchmark file without flagged samples, in its own format, and the removed ids."""
+    """The benchmark file without flagged samples, in its own format, and the removed ids. An audit
+    of the first ``benchmark.limit`` tasks judged no other: those are left out too, and counted
+    (``not_audited``), so that the cleaned file holds only tasks the audit found clean."""
+    from leakray.data.registry import load_benchmark
     from leakray.errors import BadInput
     from leakray.screen.outputs import export_clean
 
@@ -373,13 +376,22 @@ def export_cleaned(cfg, tasks: list[dict], flagged: set[str], run_dir: Path) -> 
     out.mkdir(exist_ok=True)
     removed = sorted(flagged)
     (out / "removed_ids.txt").write_text("".join(f"{t}\n" for t in removed))
-    rows = {json.loads(t[T.META]).get("source_row") for t in tasks if t[T.TASK_ID] in flagged}
+
+    def source_row(task: dict):
+        return json.loads(task[T.META]).get("source_row")
+
+    rows = {source_row(t) for t in tasks if t[T.TASK_ID] in flagged}
+    not_audited: set = set()
     try:
-        if None in rows:
+        if cfg.benchmark.limit:
+            audited = {t[T.TASK_ID] for t in tasks}
+            not_audited = {source_row(t) for t in load_benchmark(cfg.benchmark.name, cfg.benchmark.path)
+                           if t[T.TASK_ID] not in audited}
+        if None in rows | not_audited:
             raise BadInput("the reader recorded no source_row for a flagged task")
-        path = export_clean(benchmark_path(cfg.benchmark.name, cfg.benchmark.path), out, rows)
+        path = export_clean(benchmark_path(cfg.benchmark.name, cfg.benchmark.path), out, rows | not_audited)
         return {"path": str(path.relative_to(run_dir)), "removed": len(removed), "kept": len(tasks) - len(removed),
-                "removed_ids": "cleaned/removed_ids.txt"}
+                "not_audited": len(not_audited), "removed_ids": "cleaned/removed_ids.txt"}
     except (BadInput, OSError, ValueError) as exc:
         return {"path": None, "error": str(exc), "removed": len(removed), "removed_ids": "cleaned/removed_ids.txt"}
 
@@ -435,7 +447,9 @@ def render_markdown(r: dict) -> str:
            if null.get("difference") is not None else ""), "",
         f"Detector card {s['card']}; calibration {r['calibration']['method']} (Brier {r['calibration']['brier']:.3f} "
         f"vs {r['calibration']['brier_uncalibrated']:.3f} for the base rate). Cleaned benchmark: "
-        f"{r['cleaned'].get('path') or r['cleaned'].get('error')} ({r['cleaned']['removed']} removed).", "",
+        f"{r['cleaned'].get('path') or r['cleaned'].get('error')} ({r['cleaned']['removed']} removed"
+        + (f"; the {r['cleaned']['not_audited']} tasks past benchmark.limit were not audited and are left out"
+           if r['cleaned'].get('not_audited') else "") + ").", "",
         "| detector | family | shadow-validation AUC | 95% CI | TPR@5%FPR |" + (" AUC on the target (truth) |" if r.get("truth") else ""),
         "|---|---|---|---|---|" + ("---|" if r.get("truth") else ""),
     ]
