@@ -127,3 +127,19 @@ def test_an_audit_of_the_first_tasks_exports_only_those_it_found_clean(tmp_path)
     (tmp_path / "whole").mkdir()
     got = export_cleaned(whole, load_tasks(whole), {"mine/clamp"}, tmp_path / "whole")
     assert got["not_audited"] == 0 and len((tmp_path / "whole" / got["path"]).read_text().splitlines()) == 7
+
+
+def test_two_records_with_one_task_id_are_refused_before_any_work(tmp_path, capsys):
+    """Every stage keys its rows by task_id: a repeated id took the first record's place, and a file
+    of 9 records was audited as 8 without a word."""
+    from leakray.cli import main
+
+    dup = tmp_path / "dup.jsonl"
+    lines = OWN.read_text().splitlines()
+    dup.write_text("\n".join(lines + lines[:1]) + "\n")
+    assert main(["audit", "--benchmark", f"dup={dup}", "--plan", "--output", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "'mine/add' is in two records (rows 1 and 9)" in err and str(dup) in err, err
+    assert main(["screen", "--benchmark", f"dup={dup}", "--corpus", str(FIX / "own_benchmark.jsonl"),
+                 "--output", str(tmp_path / "screen")]) != 0
+    assert "two records" in capsys.readouterr().err

@@ -62,6 +62,23 @@ _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _builtin()
 
 
+def unique_ids(tasks: list[dict], path) -> list[dict]:
+    """``tasks``, refused when two share a task_id: every stage keys its rows by it, so the second
+    would silently take the first's place (a benchmark of 9 records audited as 8)."""
+    import json
+
+    from leakray.schema import T
+
+    first: dict[str, dict] = {}
+    for task in tasks:
+        seen = first.setdefault(task[T.TASK_ID], task)
+        if seen is not task:
+            rows = [json.loads(t[T.META]).get("source_row") for t in (seen, task)]
+            raise BadInput(f"task_id {task[T.TASK_ID]!r} is in two records (rows {rows[0]} and {rows[1]}); "
+                           "every task needs an id of its own", path=str(path) if path else None, field=T.TASK_ID)
+    return tasks
+
+
 def load_benchmark(spec: str, path: str | Path | None = None) -> list[dict]:
     """Load tasks by registered name (optionally with a path), e.g. 'humaneval' or 'mbpp' + path;
     a name of the user's own with a path is a label, the file's format sniffed (`load_benchmark_file`)."""
@@ -71,7 +88,7 @@ def load_benchmark(spec: str, path: str | Path | None = None) -> list[dict]:
         raise BadInput(f"unknown benchmark {spec!r}; known: {sorted(READERS)}; a benchmark of your own: "
                        f"NAME=PATH (any of these formats, or leakray's task format: {TASK_FORMAT_FIELDS})")
     path = path or DEFAULT_PATHS.get(spec)
-    return READERS[spec](path) if path else READERS[spec]()
+    return unique_ids(READERS[spec](path) if path else READERS[spec](), path)
 
 
 TASK_FORMAT_FIELDS = "task_id, prompt, reference, optional tests, language, entry_point"
@@ -102,7 +119,7 @@ def sniff_reader(path: str | Path) -> str:
 def load_benchmark_file(name: str, path: str | Path) -> list[dict]:
     """`NAME=PATH` on command lines: NAME is a reader if registered, else a label and the format is sniffed."""
     reader = name if name in READERS else sniff_reader(path)
-    tasks = READERS[reader](path)
+    tasks = unique_ids(READERS[reader](path), path)
     if name not in READERS:
         from leakray.schema import T
 
