@@ -143,3 +143,17 @@ def test_two_records_with_one_task_id_are_refused_before_any_work(tmp_path, caps
     assert main(["screen", "--benchmark", f"dup={dup}", "--corpus", str(FIX / "own_benchmark.jsonl"),
                  "--output", str(tmp_path / "screen")]) != 0
     assert "two records" in capsys.readouterr().err
+
+
+def test_a_benchmark_without_tests_is_told_why_no_advprompt_variant_was_kept():
+    """Variants are proven against the task's tests: a benchmark without any printed an empty
+    "AdvPrompt variants kept:" line."""
+    from leakray.protocols.collection import perturb_line
+
+    none = {"kept": {"python/IDC": {"no-tests": 64, "rate": None}, "python/VR": {"no-tests": 64, "rate": None}},
+            "rows_in": 32}
+    assert perturb_line(none) == ("AdvPrompt variants kept: none could be proven (no task has tests to prove "
+                                  "them against); AdvPrompt-MIA has nothing to read")
+    some = {"kept": {"python/IDC": {"kept": 30, "failed": 2, "no-tests": 4, "rate": 0.9375}}, "rows_in": 32,
+            "from_cache": 3}
+    assert perturb_line(some) == "AdvPrompt variants kept: python/IDC 94% (3 of 32 tasks proven by an earlier run)"

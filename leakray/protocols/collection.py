@@ -248,9 +248,26 @@ def perturb_spec(cfg, tasks: list[dict]):
                                 kinds=cfg.columns.advprompt_kinds)
         return {"rows_in": len(tasks), "rows_out": len(tasks), **got}
 
-    return StageSpec("perturb", run, lambda i: "AdvPrompt variants kept: " + ", ".join(
-        f"{k} {v['rate']:.0%}" for k, v in i["kept"].items() if v.get("rate") is not None)
-        + (f" ({i['from_cache']} of {i['rows_in']} tasks proven by an earlier run)" if i.get("from_cache") else ""))
+    return StageSpec("perturb", run, perturb_line)
+
+
+def perturb_line(i: dict) -> str:
+    """The perturb stage's console line: the kept rate per language and kind, or, where no variant
+    could be tried (a benchmark without tests has nothing to prove them against), why none was."""
+    rates = ", ".join(f"{k} {v['rate']:.0%}" for k, v in i["kept"].items() if v.get("rate") is not None)
+    if not rates:
+        from collections import Counter
+
+        from leakray.perturb.keep import NO_TESTS
+
+        statuses = Counter()
+        for v in i["kept"].values():
+            statuses.update({s: n for s, n in v.items() if s != "rate"})
+        why = ("no task has tests to prove them against" if set(statuses) == {NO_TESTS}
+               else ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())) or "no variant")
+        rates = f"none could be proven ({why}); AdvPrompt-MIA has nothing to read"
+    return (f"AdvPrompt variants kept: {rates}"
+            + (f" ({i['from_cache']} of {i['rows_in']} tasks proven by an earlier run)" if i.get("from_cache") else ""))
 
 
 def reads_any(cfg, columns: set[str]) -> bool:
