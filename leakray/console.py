@@ -29,6 +29,10 @@ class Console:
         print(f"[leakray] WARNING: {msg}", file=self.stream, flush=True)
         LOG.warning(msg)
 
+    def progress(self, name: str, line: str) -> None:
+        """A running stage's progress (`leakray.progress`), in the stage lines' columns."""
+        self.say(f"{name:<15} {'running':>11}  {line}")
+
     def stage(self, name: str, info: dict, summary: str, cached: bool | str) -> None:
         """One line per stage; ``cached``: True (done by an earlier invocation), "reused" (adopted
         from another run now), False (run now)."""

@@ -276,7 +276,7 @@ class StageRunner:
                 (stage.dir / KEPT / keep).mkdir(parents=True, exist_ok=True)
             stage.start()
             kill_point(stage)
-            stats = {**STAT_DEFAULTS, **(spec.run(stage.dir) or {})}
+            stats = {**STAT_DEFAULTS, **(self._run_watched(spec, stage) or {})}
             if spec.key:
                 stats[STAGE_KEY] = spec.key
             stage.finish(**stats)
@@ -292,6 +292,21 @@ class StageRunner:
             summary = f"{summary} (reused from {donor.parent.name})".lstrip()
         self.console.stage(spec.name, info, summary, cached)
         return info
+
+
+    def _run_watched(self, spec: StageSpec, stage: "Stage") -> dict | None:
+        """The stage's work, with a progress line now and then where it says how many rows it makes
+        (`leakray.progress`)."""
+        say = getattr(self.console, "progress", None)
+        if say is None:
+            return spec.run(stage.dir)
+        from leakray.progress import PROGRESS_FILE, StageProgress
+
+        try:
+            with StageProgress(stage.dir, lambda line: say(spec.name, line)):
+                return spec.run(stage.dir)
+        finally:
+            (stage.dir / PROGRESS_FILE).unlink(missing_ok=True)
 
 
 def donor_roots(run_dir: Path) -> list[Path]:

@@ -152,10 +152,12 @@ def collect_to(table: pa.Table, model_path: str, cfg: CollectConfig, out_dir: Pa
     returns the stage's stats (``row_retries``: what the passes over failed rows did;
     ``resumed_rows``: rows a killed attempt had finished, read back, in a resumable stage;
     ``endpoint_usage``: what an endpoint was asked for)."""
+    from leakray.progress import PROGRESS_FILE, expect_rows
     from leakray.runs import kept_dir
     from leakray.storage import clear_dir, shared_dir
 
     t0 = time.perf_counter()
+    expect_rows(out_dir, table.num_rows)  # the console's progress lines while the rows come in
     errors, retried, kept = out_dir / "errors.parquet", {}, kept_dir(out_dir)
     coll = collect(table, model_path, cfg, engine=engine, out_dir=out_dir, errors_path=errors, retried=retried,
                    kept=kept)
@@ -169,6 +171,7 @@ def collect_to(table: pa.Table, model_path: str, cfg: CollectConfig, out_dir: Pa
     write_collection(coll, out_dir / "collection.parquet", stats)
     if kept is not None:  # the rows are in the collection now (where the workers wrote them, too)
         clear_dir(*shared_dir(kept.parent))
+    (out_dir / PROGRESS_FILE).unlink(missing_ok=True)
     return {"rows_in": table.num_rows, **stats}
 
 
@@ -223,6 +226,9 @@ def prove_variants_to(tasks: list[dict], out_dir: Path, *, seed: int, timeout_s:
         cached += more
     parts = []
     if todo or not cached:
+        from leakray.progress import expect_rows
+
+        expect_rows(out_dir, len(todo))
         steps = prove_steps(seed, timeout_s, threads, actors, allow_weak_isolation, None if every else list(kinds))
         proven = one_row_per_task(run_steps(task_table(todo), steps, batch_size=batch_size, engine=engine,
                                             out_dir=out_dir))
@@ -233,6 +239,9 @@ def prove_variants_to(tasks: list[dict], out_dir: Path, *, seed: int, timeout_s:
         parts.append(pa.Table.from_pylist(cached, schema=schema))
     result = pa.concat_tables(parts).sort_by(C.TASK_ID) if len(parts) > 1 else parts[0]
     pq.write_table(result, out_dir / "variants.parquet")
+    from leakray.progress import PROGRESS_FILE
+
+    (out_dir / PROGRESS_FILE).unlink(missing_ok=True)
     return {"kept": kept_summary(result), "from_cache": len(cached)}
 
 

@@ -1,0 +1,108 @@
+"""A running stage's progress on the console: how many of its rows are written, and about how long
+the rest will take.
+
+A collection of a real model on a CPU, or through a rate-limited API, runs for hours, and the
+console used to say nothing between the stage's start and its summary line. A stage whose rows
+land in part files as they are made (a collection, the AdvPrompt proofs: Ray Data writes each
+batch's file when it is done, `executor.batches.write_parts`) says how many rows it will make
+(`expect_rows`); while it runs, `StageProgress` counts the distinct task ids in those files now and
+then and prints a line when the count moved (or, with no news, every `QUIET_S`, so a stalled stage
+is seen as stalled). Rows a killed attempt had finished (`runs.KEPT`) count as done; the time left
+is estimated from the rows made by this attempt. A stage that writes no such file, or runs on
+another file system than this one (parts written straight to the run's URI), prints no progress.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+PROGRESS_FILE = "_progress.json"  # {"total": rows the stage will write}, in the stage's directory
+EVERY_S = 60.0  # how often the part files are counted
+QUIET_S = 300.0  # with no new row, a line this often all the same
+ID_COLUMN = "task_id"  # schema.C.TASK_ID, which every part file of a per-task stage carries
+
+
+def expect_rows(stage_dir: Path, total: int) -> None:
+    """Declare that the stage in ``stage_dir`` will write ``total`` rows into part files."""
+    path = Path(stage_dir) / PROGRESS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"total": int(total)}))
+
+
+def expected_rows(stage_dir: Path) -> int | None:
+    try:
+        return int(json.loads((Path(stage_dir) / PROGRESS_FILE).read_text())["total"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class RowCounter:
+    """The distinct task ids in the part files under a stage directory; a file is read once (its
+    ids only), a file still being written is tried again next time."""
+
+    def __init__(self, stage_dir: Path):
+        self.dir = Path(stage_dir)
+        self._ids: dict[Path, frozenset] = {}
+
+    def count(self) -> int:
+        import pyarrow.parquet as pq
+
+        for path in self.dir.rglob("parts/*.parquet"):
+            if path not in self._ids:
+                try:
+                    self._ids[path] = frozenset(pq.read_table(path, columns=[ID_COLUMN]).column(0).to_pylist())
+                except Exception:  # half written, or not a per-task file: not counted (yet)
+                    continue
+        return len(frozenset().union(*self._ids.values())) if self._ids else 0
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def progress_line(done: int, total: int, elapsed: float, made: int) -> str:
+    """``done`` of ``total`` rows after ``elapsed`` s, ``made`` of them by this attempt."""
+    line = f"{done} of {total} tasks after {_minutes(elapsed)}"
+    if 0 < made and done < total:
+        line += f"; about {_minutes(elapsed / made * (total - done))} left"
+    return line
+
+
+class StageProgress:
+    """``with StageProgress(stage_dir, say): run the stage``: a thread that calls ``say(line)`` now
+    and then while the stage runs, once the stage has declared its rows (module doc)."""
+
+    def __init__(self, stage_dir: Path, say, every: float | None = None, quiet: float | None = None):
+        self.dir, self.say = Path(stage_dir), say
+        self.every = EVERY_S if every is None else every
+        self.quiet = QUIET_S if quiet is None else quiet
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stage-progress", daemon=True)
+
+    def __enter__(self) -> "StageProgress":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        counter, t0 = RowCounter(self.dir), time.monotonic()
+        start, last = counter.count(), None  # rows a killed attempt left; rows at the last line
+        last_said = t0
+        while not self._stop.wait(self.every):
+            total = expected_rows(self.dir)
+            if total is None:
+                continue
+            done = counter.count()
+            now = time.monotonic()
+            if done != last or now - last_said >= self.quiet:
+                try:
+                    self.say(progress_line(min(done, total), total, now - t0, done - start))
+                except Exception:  # a console that cannot print must not stop the stage
+                    return
+                last, last_said = done, now

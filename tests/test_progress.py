@@ -1,0 +1,72 @@
+"""A running stage's progress lines (leakray/progress.py): a collection of a real model runs for
+hours, and the console said nothing between a stage's start and its summary line."""
+
+import io
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from leakray import progress
+from leakray.console import Console
+from leakray.runs import KEPT, StageRunner, StageSpec
+
+
+def _part(directory, ids):
+    directory.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"task_id": ids, "x": list(range(len(ids)))}),
+                   directory / f"{ids[0].replace('/', '_')}.parquet")
+
+
+def test_a_stage_that_declares_its_rows_says_how_far_it_is_and_what_is_left(tmp_path, monkeypatch):
+    monkeypatch.setattr(progress, "EVERY_S", 0.05)
+    out = io.StringIO()
+
+    def stage(d):
+        progress.expect_rows(d, 8)
+        for i in range(4):  # four batches of two tasks, one part file each, as Ray Data writes them
+            _part(d / "parts", [f"T/{2 * i}", f"T/{2 * i + 1}"])
+            deadline = time.monotonic() + 30  # the next batch once this one is reported (a busy host)
+            while f"{2 * i + 2} of 8 tasks" not in out.getvalue() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return {"rows_out": 8}
+
+    StageRunner(tmp_path, Console(stream=out)).run([StageSpec("collect_target", stage)])
+    lines = [line for line in out.getvalue().splitlines() if "running" in line]
+    assert lines and all(line.startswith("[leakray] collect_target      running  ") for line in lines), out.getvalue()
+    done = [int(line.split("running  ")[1].split()[0]) for line in lines]
+    if done[0] == 0:  # a count before the first batch landed: "0 of 8 tasks after ..." (no pace yet)
+        assert "left" not in lines.pop(0)
+        done.pop(0)
+    assert done == [2, 4, 6, 8], lines  # a line each time the count moved, and only then
+    assert all("of 8 tasks after" in line and "left" in line for line in lines[:3]), lines
+    assert "left" not in lines[3]
+    assert not (tmp_path / "collect_target" / progress.PROGRESS_FILE).exists()  # the hint goes with the stage
+
+
+def test_rows_a_killed_attempt_left_count_as_done_but_not_towards_the_pace(tmp_path):
+    kept = tmp_path / KEPT / "key" / "attempt-1" / "parts"
+    _part(kept, ["T/0", "T/1", "T/2", "T/3"])
+    _part(kept, ["T/3"])  # a retry's row again: counted once
+    counter = progress.RowCounter(tmp_path)
+    assert counter.count() == 4
+    (tmp_path / "parts").mkdir()
+    (tmp_path / "parts" / "half.parquet").write_bytes(b"PAR1 not yet whole")  # a file being written
+    assert counter.count() == 4
+    # 6 of 10 done, 2 of them made by this attempt in 60 s: the other 4 take about 2 min
+    assert progress.progress_line(6, 10, 60.0, 2) == "6 of 10 tasks after 1.0 min; about 2.0 min left"
+    assert progress.progress_line(0, 10, 30.0, 0) == "0 of 10 tasks after 30 s"
+    assert progress.progress_line(10, 10, 90.0, 10) == "10 of 10 tasks after 1.5 min"
+
+
+def test_a_stage_that_declares_nothing_prints_no_progress(tmp_path, monkeypatch):
+    monkeypatch.setattr(progress, "EVERY_S", 0.02)
+    out = io.StringIO()
+
+    def stage(d):
+        _part(d / "parts", ["T/0"])
+        time.sleep(0.15)
+        return {}
+
+    StageRunner(tmp_path, Console(stream=out)).run([StageSpec("detect", stage)])
+    assert "running" not in out.getvalue() and "detect" in out.getvalue()
