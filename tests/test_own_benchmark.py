@@ -157,3 +157,18 @@ def test_a_benchmark_without_tests_is_told_why_no_advprompt_variant_was_kept():
     some = {"kept": {"python/IDC": {"kept": 30, "failed": 2, "no-tests": 4, "rate": 0.9375}}, "rows_in": 32,
             "from_cache": 3}
     assert perturb_line(some) == "AdvPrompt variants kept: python/IDC 94% (3 of 32 tasks proven by an earlier run)"
+
+
+def test_a_sweep_plans_cells_on_a_benchmark_of_your_own(tmp_path):
+    import yaml
+
+    from leakray.protocols.sweep.spec import plan
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"name": "mine", "output_dir": str(tmp_path / "sw"),
+                                    "models": [{"name": "tiny", "set": {"model.base": "tiny"}}],
+                                    "benchmarks": [{"name": "mybench", "path": str(OWN)}, {"name": "humaneval"}],
+                                    "detectors": ["ref_loss"]}))
+    _, _, cells = plan(str(path))
+    assert [(c.benchmark, c.cfg.benchmark.name) for c in cells] == [("mybench", "mybench"), ("humaneval", "humaneval")]
+    assert cells[0].run_dir.name.startswith("mybench-")
