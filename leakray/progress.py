@@ -8,8 +8,10 @@ batch's file when it is done, `executor.batches.write_parts`) says how many rows
 (`expect_rows`); while it runs, `StageProgress` counts the distinct task ids in those files now and
 then and prints a line when the count moved (or, with no news, every `QUIET_S`, so a stalled stage
 is seen as stalled). Rows a killed attempt had finished (`runs.KEPT`) count as done; the time left
-is estimated from the rows made by this attempt. A stage that writes no such file, or runs on
-another file system than this one (parts written straight to the run's URI), prints no progress.
+is estimated from the rows made by this attempt. A stage whose work is steps rather than rows (a
+fine-tune) has its worker write the count itself (`report_steps`). A stage that writes no such
+file, or runs on another file system than this one (parts written straight to the run's URI, a
+worker on another node), prints no progress.
 """
 
 from __future__ import annotations
@@ -32,9 +34,27 @@ def expect_rows(stage_dir: Path, total: int) -> None:
     path.write_text(json.dumps({"total": int(total)}))
 
 
-def expected_rows(stage_dir: Path) -> int | None:
+def report_steps(progress_file: str | Path | None, done: int, total: int) -> None:
+    """A worker's count of its steps (a fine-tune's optimiser steps), for its stage's progress
+    lines; best effort: a file that cannot be written (another node's path) is skipped."""
+    if progress_file is None:
+        return
+    path = Path(progress_file)
     try:
-        return int(json.loads((Path(stage_dir) / PROGRESS_FILE).read_text())["total"])
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps({"total": int(total), "done": int(done), "unit": "steps"}))
+        tmp.replace(path)
+    except OSError:
+        pass
+
+
+def _declared(stage_dir: Path) -> dict | None:
+    """The stage's progress file: {"total"} (rows counted from its part files) or {"total", "done",
+    "unit"} (a count its worker keeps); None before the stage has written one."""
+    try:
+        info = json.loads((Path(stage_dir) / PROGRESS_FILE).read_text())
+        return {"total": int(info["total"]), **({"done": int(info["done"]), "unit": str(info.get("unit", "steps"))}
+                                                if "done" in info else {})}
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -63,9 +83,9 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
-def progress_line(done: int, total: int, elapsed: float, made: int) -> str:
-    """``done`` of ``total`` rows after ``elapsed`` s, ``made`` of them by this attempt."""
-    line = f"{done} of {total} tasks after {_minutes(elapsed)}"
+def progress_line(done: int, total: int, elapsed: float, made: int, unit: str = "tasks") -> str:
+    """``done`` of ``total`` rows (or steps) after ``elapsed`` s, ``made`` of them by this attempt."""
+    line = f"{done} of {total} {unit} after {_minutes(elapsed)}"
     if 0 < made and done < total:
         line += f"; about {_minutes(elapsed / made * (total - done))} left"
     return line
@@ -95,14 +115,19 @@ class StageProgress:
         start, last = counter.count(), None  # rows a killed attempt left; rows at the last line
         last_said = t0
         while not self._stop.wait(self.every):
-            total = expected_rows(self.dir)
-            if total is None:
+            declared = _declared(self.dir)
+            if declared is None:
                 continue
-            done = counter.count()
+            total = declared["total"]
+            if "done" in declared:  # a worker's own count of its steps, from the stage's start
+                done, made, unit = declared["done"], declared["done"], declared["unit"]
+            else:
+                done = counter.count()
+                made, unit = done - start, "tasks"
             now = time.monotonic()
             if done != last or now - last_said >= self.quiet:
                 try:
-                    self.say(progress_line(min(done, total), total, now - t0, done - start))
+                    self.say(progress_line(min(done, total), total, now - t0, made, unit))
                 except Exception:  # a console that cannot print must not stop the stage
                     return
                 last, last_said = done, now

@@ -70,3 +70,34 @@ def test_a_stage_that_declares_nothing_prints_no_progress(tmp_path, monkeypatch)
 
     StageRunner(tmp_path, Console(stream=out)).run([StageSpec("detect", stage)])
     assert "running" not in out.getvalue() and "detect" in out.getvalue()
+
+
+def test_a_fine_tune_counts_its_steps_for_its_stage(tmp_path, monkeypatch):
+    """A stage whose work is steps (a fine-tune) has its worker keep the count (`report_steps`)."""
+    monkeypatch.setattr(progress, "EVERY_S", 0.02)
+    out = io.StringIO()
+
+    def stage(d):
+        for step in (10, 20, 30):
+            progress.report_steps(d / progress.PROGRESS_FILE, step, 30)
+            deadline = time.monotonic() + 30
+            while f"{step} of 30 steps" not in out.getvalue() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return {}
+
+    StageRunner(tmp_path, Console(stream=out)).run([StageSpec("shadow", stage)])
+    lines = [line.split("running  ")[1] for line in out.getvalue().splitlines() if "running" in line]
+    assert [line.split()[0] for line in lines] == ["10", "20", "30"], lines
+    assert "left" in lines[0] and "left" not in lines[-1]
+    progress.report_steps(tmp_path / "no" / "such" / "dir" / "p.json", 1, 2)  # another node's path: skipped
+
+
+def test_the_fine_tune_writes_its_count_where_it_is_told(tmp_path, tiny_lm):
+    import json
+
+    from leakray.models.finetune import FinetuneConfig, finetune
+
+    counts = tmp_path / progress.PROGRESS_FILE
+    finetune(tiny_lm[0], ["def f():\n    return 1\n"] * 4, FinetuneConfig(epochs=2, batch_size=2), None,
+             progress=False, progress_file=counts)
+    assert json.loads(counts.read_text()) == {"total": 4, "done": 4, "unit": "steps"}

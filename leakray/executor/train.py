@@ -119,16 +119,20 @@ def _loop(config: dict) -> dict:
     from leakray.models.finetune import finetune
 
     return finetune(config["base"], config["texts"], FinetuneConfig(**config["finetune"]), config["out_dir"],
-                    desc=config["desc"], **worker_hooks(config))
+                    desc=config["desc"], progress_file=config.get("progress_file"), **worker_hooks(config))
 
 
 def finetune_on_ray(base: str | Path, texts: list[str], cfg: FinetuneConfig, out_dir: str | Path, *,
                     name: str, storage: str | Path, num_workers: int = 1, use_gpu: bool = False,
-                    ray_train: bool | str = "auto") -> dict:
+                    ray_train: bool | str = "auto", progress_to: str | Path | None = None) -> dict:
     """Fine-tune on a Ray Train worker group (or one Ray task: ``use_ray_train``); rank 0 saves
-    the model and its stats come back."""
+    the model and its stats come back. ``progress_to``: the stage directory whose progress lines
+    count its steps (`leakray.progress`)."""
+    from leakray.progress import PROGRESS_FILE
+
     config = {"base": str(base), "texts": list(texts), "finetune": asdict(cfg),
-              "out_dir": str(Path(out_dir).resolve()), "desc": f"finetune {name}"}
+              "out_dir": str(Path(out_dir).resolve()), "desc": f"finetune {name}",
+              "progress_file": None if progress_to is None else str(Path(progress_to).resolve() / PROGRESS_FILE)}
     return fit_on_ray(_loop, config, name=name, storage=storage, num_workers=num_workers, use_gpu=use_gpu,
                       cpus=max(1, cfg.threads), out_dir=out_dir,
                       ray_train=use_ray_train(ray_train, num_workers, use_gpu))

@@ -88,10 +88,12 @@ def _collate(rows: list[list[int]], pad_id: int):
 def finetune(base: str | Path, texts: list[str], cfg: FinetuneConfig, out_dir: str | Path | None,
              *, progress: bool = True, wrap_model: Callable | None = None,
              wrap_loader: Callable | None = None, report: Callable[[dict], None] | None = None,
-             is_writer: bool = True, desc: str = "finetune", device: str | None = None) -> dict:
+             is_writer: bool = True, desc: str = "finetune", device: str | None = None,
+             progress_file: str | Path | None = None) -> dict:
     """Fine-tune `base` on `texts` and save a plain (merged) HF model to `out_dir`; a LoRA
     fine-tune also saves its peft adapter to `out_dir/adapter` (stats["adapter"]). It trains
-    on `device` (None: where the model loads, the CPU) and saves from there."""
+    on `device` (None: where the model loads, the CPU) and saves from there. ``progress_file``:
+    where the writer keeps its count of steps for the stage's progress lines (`leakray.progress`)."""
     import torch
     from tqdm.auto import tqdm
     from transformers import AutoTokenizer
@@ -136,6 +138,10 @@ def finetune(base: str | Path, texts: list[str], cfg: FinetuneConfig, out_dir: s
     device = next(model.parameters()).device
     history = []
     bar = tqdm(total=total, desc=desc, disable=not progress, unit="step")
+    from leakray.progress import report_steps
+
+    steps, every = 0, max(1, total // 100)  # the count written a hundred times over the run, at most
+    tell = progress_file if is_writer else None
     for epoch in range(cfg.epochs):
         if hasattr(getattr(loader, "sampler", None), "set_epoch"):
             loader.sampler.set_epoch(epoch)
@@ -150,6 +156,9 @@ def finetune(base: str | Path, texts: list[str], cfg: FinetuneConfig, out_dir: s
             sched.step()
             losses.append(loss.item())
             bar.update(1)
+            steps += 1
+            if steps % every == 0 or steps == total:
+                report_steps(tell, steps, total)
         epoch_loss = sum(losses) / max(1, len(losses))
         history.append(round(epoch_loss, 4))
         bar.set_postfix(epoch=epoch + 1, loss=f"{epoch_loss:.3f}")

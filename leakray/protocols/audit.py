@@ -93,7 +93,8 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
             else:
                 from leakray.executor.train import finetune_on_ray
 
-                stats = finetune_on_ray(base, texts, to_stage(getattr(cfg, role)), out / "model", **common)
+                stats = finetune_on_ray(base, texts, to_stage(getattr(cfg, role)), out / "model", progress_to=out,
+                                        **common)
             return {"rows_in": len(texts), "rows_out": len(texts), "model": str(out / "model"), **stats}
         return run
 

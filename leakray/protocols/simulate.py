@@ -197,7 +197,7 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
             stats = finetune_on_ray(base_of(role), texts, to_stage(getattr(cfg, role)), out / "model",
                                     name=f"{role}-{runner.run_dir.name}", storage=runner.run_dir / "ray_train",
                                     num_workers=cfg.ray.train_workers, use_gpu=cfg.ray.use_gpu,
-                                    ray_train=cfg.ray.use_ray_train)
+                                    ray_train=cfg.ray.use_ray_train, progress_to=out)
             return {"rows_in": len(texts), "rows_out": len(texts), **stats}
         return run
 
