@@ -103,6 +103,9 @@ class StageProgress:
         self._thread = threading.Thread(target=self._run, name="stage-progress", daemon=True)
 
     def __enter__(self) -> "StageProgress":
+        # rows a killed attempt left, counted before the stage starts making its own
+        self._counter = RowCounter(self.dir)
+        self._start, self._t0 = self._counter.count(), time.monotonic()
         self._thread.start()
         return self
 
@@ -111,8 +114,7 @@ class StageProgress:
         self._thread.join()
 
     def _run(self) -> None:
-        counter, t0 = RowCounter(self.dir), time.monotonic()
-        start, last = counter.count(), None  # rows a killed attempt left; rows at the last line
+        counter, t0, start, last = self._counter, self._t0, self._start, None  # last: rows at the last line
         last_said = t0
         while not self._stop.wait(self.every):
             declared = _declared(self.dir)
