@@ -21,7 +21,9 @@ import threading
 import time
 from pathlib import Path
 
-PROGRESS_FILE = "_progress.json"  # {"total": rows the stage will write}, in the stage's directory
+# {"total": rows the stage will write} or a worker's {"total", "done", "unit"}, in the stage's
+# directory; never mirrored to a run's URI (`storage._skipped`), removed when the stage ends
+PROGRESS_FILE = "_progress.json"
 EVERY_S = 60.0  # how often the part files are counted
 QUIET_S = 300.0  # with no new row, a line this often all the same
 ID_COLUMN = "task_id"  # schema.C.TASK_ID, which every part file of a per-task stage carries

@@ -78,7 +78,11 @@ def _is_marker(rel: str) -> bool:
 
 def _skipped(rel: str) -> bool:
     parts = rel.split("/")
-    return any(p in _NOT_MIRRORED for p in parts[:-1]) or bool(_TMP.search(parts[-1]))
+    return (any(p in _NOT_MIRRORED for p in parts[:-1]) or bool(_TMP.search(parts[-1]))
+            or parts[-1].startswith(_PROGRESS))
+
+
+_PROGRESS = "_progress.json"  # a running stage's count for its console lines (`leakray.progress`): local only
 
 
 class RunStore:
