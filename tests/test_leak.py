@@ -1,5 +1,6 @@
 """The `pretrain-mix` leak: clean corpus screening, the mixture's dose, continued pretraining."""
 
+import json
 import random
 import string
 import sysconfig
@@ -184,8 +185,10 @@ def test_continue_pretrain_learns_the_members_and_saves_a_plain_model(tiny_lm, t
     for name, member in (("one", one), ("two", two)):  # same clean stream, a different member each
         mix = build_mixture(tok, corpus, [member], cfg.dose, cfg.n_tokens, cfg.seq_len, cfg.seed)
         stats = continue_pretrain(path, mix.sequences, cfg, tmp_path / name, progress=False,
-                                  member_token_share=mix.member_token_share)
+                                  member_token_share=mix.member_token_share, progress_file=tmp_path / f"{name}.json")
         assert stats["steps"] == 16 and stats["n_tokens"] == cfg.n_tokens
+        # the count the stage's progress lines read (leakray/progress.py), kept by the writer
+        assert json.loads((tmp_path / f"{name}.json").read_text()) == {"total": 16, "done": 16, "unit": "steps"}
         assert stats["member_token_share"] == mix.member_token_share > 0
         loss[name] = (_member_loss(tmp_path / name, one), _member_loss(tmp_path / name, two))  # loads plain HF
     assert loss["one"][0] < _member_loss(path, one) - 0.3

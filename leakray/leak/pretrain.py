@@ -26,10 +26,11 @@ def continue_pretrain(base_path: str | Path, sequences: np.ndarray, cfg: MixConf
                       *, progress: bool = True, wrap_model: Callable | None = None,
                       wrap_loader: Callable | None = None, report: Callable[[dict], None] | None = None,
                       is_writer: bool = True, member_token_share: float | None = None,
-                      desc: str = "pretrain-mix", device: str | None = None) -> dict:
+                      desc: str = "pretrain-mix", device: str | None = None,
+                      progress_file: str | Path | None = None) -> dict:
     """Train `base_path` on `sequences` ([n, seq_len] token ids, in order, each seen once) on
     `device` (None: the CPU it loads on) and save a plain HF model + tokenizer to `out_dir`;
-    returns stats."""
+    returns stats. ``progress_file``: where the writer keeps its count of steps (`leakray.progress`)."""
     import torch
     from tqdm.auto import tqdm
     from transformers import AutoTokenizer
@@ -70,6 +71,9 @@ def continue_pretrain(base_path: str | Path, sequences: np.ndarray, cfg: MixConf
     losses: list[float] = []
     every = max(1, total // 10)
     bar = tqdm(total=total, desc=desc, disable=not progress, unit="step")
+    from leakray.progress import report_steps
+
+    tell, tell_every = (progress_file if is_writer else None), max(1, total // 100)
     for step, batch in enumerate(loader):
         if step >= total:
             break
@@ -83,6 +87,8 @@ def continue_pretrain(base_path: str | Path, sequences: np.ndarray, cfg: MixConf
         opt.step()
         losses.append(loss.item())
         bar.update(1)
+        if (step + 1) % tell_every == 0 or step + 1 == total:
+            report_steps(tell, step + 1, total)
         if (step + 1) % every == 0:
             recent = float(np.mean(losses[-every:]))
             bar.set_postfix(loss=f"{recent:.3f}", refresh=False)

@@ -89,7 +89,8 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
                 from leakray.leak.corpus import clean_corpus
 
                 corpus, _ = clean_corpus(tasks, cfg.leak.corpus_max_bytes, cfg.leak.seed)
-                stats = pretrain_mix_on_ray(base, corpus, texts, cfg.leak.mix(role=role), out / "model", **common)
+                stats = pretrain_mix_on_ray(base, corpus, texts, cfg.leak.mix(role=role), out / "model",
+                                            progress_to=out, **common)
             else:
                 from leakray.executor.train import finetune_on_ray
 

@@ -182,7 +182,7 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
             stats = pretrain_mix_on_ray(base_of(role), corpus, texts, cfg.leak.mix(role=role), out / "model",
                                         name=f"{role}-{runner.run_dir.name}", storage=runner.run_dir / "ray_train",
                                         num_workers=cfg.ray.train_workers, use_gpu=cfg.ray.use_gpu,
-                                        ray_train=cfg.ray.use_ray_train)
+                                        ray_train=cfg.ray.use_ray_train, progress_to=out)
             return {"rows_in": len(texts), "rows_out": len(texts), **stats}
         return run
 
