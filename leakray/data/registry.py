@@ -55,6 +55,7 @@ def _builtin() -> None:
 
 
 TASK_FORMAT = "tasks"  # the reader of leakray's own task format
+TASK_FORMAT_FIELDS = "task_id, prompt, reference, optional tests, language, entry_point"
 # a label of the user's own (`--benchmark NAME=PATH`): it names run directories and report rows
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
@@ -89,9 +90,6 @@ def load_benchmark(spec: str, path: str | Path | None = None) -> list[dict]:
                        f"NAME=PATH (any of these formats, or leakray's task format: {TASK_FORMAT_FIELDS})")
     path = path or DEFAULT_PATHS.get(spec)
     return unique_ids(READERS[spec](path) if path else READERS[spec](), path)
-
-
-TASK_FORMAT_FIELDS = "task_id, prompt, reference, optional tests, language, entry_point"
 
 
 def check_label(name: str) -> str:
