@@ -26,7 +26,6 @@ from pathlib import Path
 PROGRESS_FILE = "_progress.json"
 EVERY_S = 60.0  # how often the part files are counted
 QUIET_S = 300.0  # with no new row, a line this often all the same
-ID_COLUMN = "task_id"  # schema.C.TASK_ID, which every part file of a per-task stage carries
 
 
 def expect_rows(stage_dir: Path, total: int) -> None:
@@ -72,10 +71,12 @@ class RowCounter:
     def count(self) -> int:
         import pyarrow.parquet as pq
 
+        from leakray.schema import C  # every part file of a per-task stage carries the task id
+
         for path in self.dir.rglob("parts/*.parquet"):
             if path not in self._ids:
                 try:
-                    self._ids[path] = frozenset(pq.read_table(path, columns=[ID_COLUMN]).column(0).to_pylist())
+                    self._ids[path] = frozenset(pq.read_table(path, columns=[C.TASK_ID]).column(0).to_pylist())
                 except Exception:  # half written, or not a per-task file: not counted (yet)
                     continue
         return len(frozenset().union(*self._ids.values())) if self._ids else 0
