@@ -28,11 +28,12 @@ EVERY_S = 60.0  # how often the part files are counted
 QUIET_S = 300.0  # with no new row, a line this often all the same
 
 
-def expect_rows(stage_dir: Path, total: int) -> None:
-    """Declare that the stage in ``stage_dir`` will write ``total`` rows into part files."""
+def expect_rows(stage_dir: Path, total: int, id_column: str) -> None:
+    """Declare that the stage in ``stage_dir`` will write ``total`` rows into part files, one per
+    distinct value of ``id_column`` (a retried row is written again: counted once)."""
     path = Path(stage_dir) / PROGRESS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"total": int(total)}))
+    path.write_text(json.dumps({"total": int(total), "id": id_column}))
 
 
 def report_steps(progress_file: str | Path | None, done: int, total: int) -> None:
@@ -55,31 +56,34 @@ def _declared(stage_dir: Path) -> dict | None:
     try:
         info = json.loads((Path(stage_dir) / PROGRESS_FILE).read_text())
         return {"total": int(info["total"]), **({"done": int(info["done"]), "unit": str(info.get("unit", "steps"))}
-                                                if "done" in info else {})}
+                                                if "done" in info else {"id": str(info["id"])})}
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
 class RowCounter:
-    """The distinct task ids in the part files under a stage directory; a file is read once (its
-    ids only), a file still being written is tried again next time."""
+    """The distinct ids in the part files under a stage directory; a file is read once (its ids
+    only), a file still being written is tried again next time."""
 
     def __init__(self, stage_dir: Path):
         self.dir = Path(stage_dir)
         self._ids: dict[Path, frozenset] = {}
 
-    def count(self) -> int:
+    def files(self) -> set[Path]:
+        return set(self.dir.rglob("parts/*.parquet"))
+
+    def count(self, id_column: str, among: set[Path] | None = None) -> int:
+        """Distinct ids in every part file (``among``: in those files only)."""
         import pyarrow.parquet as pq
 
-        from leakray.schema import C  # every part file of a per-task stage carries the task id
-
-        for path in self.dir.rglob("parts/*.parquet"):
+        for path in self.files():
             if path not in self._ids:
                 try:
-                    self._ids[path] = frozenset(pq.read_table(path, columns=[C.TASK_ID]).column(0).to_pylist())
+                    self._ids[path] = frozenset(pq.read_table(path, columns=[id_column]).column(0).to_pylist())
                 except Exception:  # half written, or not a per-task file: not counted (yet)
                     continue
-        return len(frozenset().union(*self._ids.values())) if self._ids else 0
+        ids = [v for p, v in self._ids.items() if among is None or p in among]
+        return len(frozenset().union(*ids)) if ids else 0
 
 
 def _minutes(seconds: float) -> str:
@@ -106,9 +110,10 @@ class StageProgress:
         self._thread = threading.Thread(target=self._run, name="stage-progress", daemon=True)
 
     def __enter__(self) -> "StageProgress":
-        # rows a killed attempt left, counted before the stage starts making its own
+        # the part files a killed attempt left (`runs.KEPT`): their rows are done, but not by this
+        # attempt, so they do not count towards its pace
         self._counter = RowCounter(self.dir)
-        self._start, self._t0 = self._counter.count(), time.monotonic()
+        self._earlier, self._t0 = self._counter.files(), time.monotonic()
         self._thread.start()
         return self
 
@@ -117,7 +122,7 @@ class StageProgress:
         self._thread.join()
 
     def _run(self) -> None:
-        counter, t0, start, last = self._counter, self._t0, self._start, None  # last: rows at the last line
+        counter, t0, last = self._counter, self._t0, None  # last: rows at the last line
         last_said = t0
         while not self._stop.wait(self.every):
             declared = _declared(self.dir)
@@ -127,8 +132,8 @@ class StageProgress:
             if "done" in declared:  # a worker's own count of its steps, from the stage's start
                 done, made, unit = declared["done"], declared["done"], declared["unit"]
             else:
-                done = counter.count()
-                made, unit = done - start, "tasks"
+                done = counter.count(declared["id"])
+                made, unit = done - counter.count(declared["id"], self._earlier), "tasks"
             now = time.monotonic()
             if done != last or now - last_said >= self.quiet:
                 try:

@@ -23,7 +23,7 @@ def test_a_stage_that_declares_its_rows_says_how_far_it_is_and_what_is_left(tmp_
     out = io.StringIO()
 
     def stage(d):
-        progress.expect_rows(d, 8)
+        progress.expect_rows(d, 8, "task_id")
         for i in range(4):  # four batches of two tasks, one part file each, as Ray Data writes them
             _part(d / "parts", [f"T/{2 * i}", f"T/{2 * i + 1}"])
             deadline = time.monotonic() + 30  # the next batch once this one is reported (a busy host)
@@ -49,10 +49,13 @@ def test_rows_a_killed_attempt_left_count_as_done_but_not_towards_the_pace(tmp_p
     _part(kept, ["T/0", "T/1", "T/2", "T/3"])
     _part(kept, ["T/3"])  # a retry's row again: counted once
     counter = progress.RowCounter(tmp_path)
-    assert counter.count() == 4
+    earlier = counter.files()
+    assert counter.count("task_id") == 4
     (tmp_path / "parts").mkdir()
     (tmp_path / "parts" / "half.parquet").write_bytes(b"PAR1 not yet whole")  # a file being written
-    assert counter.count() == 4
+    assert counter.count("task_id") == 4
+    _part(tmp_path / "parts", ["T/4", "T/5"])  # this attempt's first batch
+    assert counter.count("task_id") == 6 and counter.count("task_id", earlier) == 4
     # 6 of 10 done, 2 of them made by this attempt in 60 s: the other 4 take about 2 min
     assert progress.progress_line(6, 10, 60.0, 2) == "6 of 10 tasks after 1.0 min; about 2.0 min left"
     assert progress.progress_line(0, 10, 30.0, 0) == "0 of 10 tasks after 30 s"
@@ -101,3 +104,19 @@ def test_the_fine_tune_writes_its_count_where_it_is_told(tmp_path, tiny_lm):
     finetune(tiny_lm[0], ["def f():\n    return 1\n"] * 4, FinetuneConfig(epochs=2, batch_size=2), None,
              progress=False, progress_file=counts)
     assert json.loads(counts.read_text()) == {"total": 4, "done": 4, "unit": "steps"}
+
+
+def test_a_resumed_stage_counts_the_rows_it_found_as_done_and_paces_on_its_own(tmp_path, monkeypatch):
+    monkeypatch.setattr(progress, "EVERY_S", 0.02)
+    seen = []  # (done, total, made) of each line
+    monkeypatch.setattr(progress, "progress_line",
+                        lambda done, total, elapsed, made, unit="tasks": seen.append((done, total, made)) or "")
+    _part(tmp_path / KEPT / "key" / "attempt-1" / "parts", ["T/0", "T/1", "T/2", "T/3"])  # the killed attempt's
+    with progress.StageProgress(tmp_path, lambda line: None):
+        progress.expect_rows(tmp_path, 10, "task_id")
+        _part(tmp_path / KEPT / "key" / "attempt-2" / "parts", ["T/4", "T/5"])
+        deadline = time.monotonic() + 30
+        while (6, 10, 2) not in seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+    # 6 of 10 done, 2 of them by this attempt: its pace is read from those 2, not from the 4 it found
+    assert (6, 10, 2) in seen and all(made <= 2 for _, _, made in seen), seen

@@ -157,7 +157,7 @@ def collect_to(table: pa.Table, model_path: str, cfg: CollectConfig, out_dir: Pa
     from leakray.storage import clear_dir, shared_dir
 
     t0 = time.perf_counter()
-    expect_rows(out_dir, table.num_rows)  # the console's progress lines while the rows come in
+    expect_rows(out_dir, table.num_rows, C.TASK_ID)  # the console's progress lines while rows come in
     errors, retried, kept = out_dir / "errors.parquet", {}, kept_dir(out_dir)
     coll = collect(table, model_path, cfg, engine=engine, out_dir=out_dir, errors_path=errors, retried=retried,
                    kept=kept)
@@ -228,7 +228,7 @@ def prove_variants_to(tasks: list[dict], out_dir: Path, *, seed: int, timeout_s:
     if todo or not cached:
         from leakray.progress import expect_rows
 
-        expect_rows(out_dir, len(todo))
+        expect_rows(out_dir, len(todo), C.TASK_ID)
         steps = prove_steps(seed, timeout_s, threads, actors, allow_weak_isolation, None if every else list(kinds))
         proven = one_row_per_task(run_steps(task_table(todo), steps, batch_size=batch_size, engine=engine,
                                             out_dir=out_dir))
