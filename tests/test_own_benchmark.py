@@ -172,3 +172,36 @@ def test_a_sweep_plans_cells_on_a_benchmark_of_your_own(tmp_path):
     _, _, cells = plan(str(path))
     assert [(c.benchmark, c.cfg.benchmark.name) for c in cells] == [("mybench", "mybench"), ("humaneval", "humaneval")]
     assert cells[0].run_dir.name.startswith("mybench-")
+
+
+def test_a_plain_text_prompt_is_named_before_any_work(tmp_path):
+    """A prompt must be the program's beginning: with plain text as the prompt, every completion
+    (and the reference itself) fails to compile, and the run used to say nothing of why."""
+    import io
+
+    from leakray.console import Console
+    from leakray.data.registry import load_benchmark
+    from leakray.data.tasks import references_that_do_not_compile
+    from leakray.protocols.collection import perturb_line
+    from leakray.protocols.engine import warn_broken_references
+
+    rows = [json.loads(line) for line in OWN.read_text().splitlines()]
+    rows[0] = dict(rows[0], prompt="Write a function add(a, b) returning their sum.")  # text, not code
+    rows[1] = dict(rows[1], prompt='"""Clamp x into [lo, hi]."""\n')  # text in a docstring: a code prefix
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tasks = load_benchmark("mixed", path)
+    assert [t for t, _ in references_that_do_not_compile(tasks)] == ["mine/add"]
+    assert references_that_do_not_compile(load_benchmark("mybench", OWN)) == []
+    out = io.StringIO()
+    warn_broken_references(tasks, Console(stream=out))
+    line = out.getvalue()
+    assert line.startswith("[leakray] WARNING: 1 of 8 references do not compile") and "mine/add: SyntaxError" in line
+    assert "leakray benchmarks validate" in line
+    warn_broken_references(load_benchmark("mybench", OWN), Console(stream=out))
+    assert out.getvalue() == line  # nothing said of a sound file
+    # the perturb stage counts the tasks whose reference failed its own tests
+    assert perturb_line({"kept": {"python/IDC": {"kept": 5, "baseline-failed": 3, "rate": 1.0}}, "rows_in": 8,
+                         "references_failed": 3}).endswith(
+        "; 3 of 8 tasks' references fail their own tests and get no variant (`leakray benchmarks validate "
+        "NAME=PATH` shows why; a prompt must be the program's beginning)")

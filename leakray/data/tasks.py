@@ -75,3 +75,22 @@ def continuation(prompt: str, reference: str) -> str:
 def program_of(prompt: str, completion: str) -> str:
     """The program a completion stands for: completions continue the generation prompt."""
     return generation_prompt(prompt) + completion
+
+
+def references_that_do_not_compile(tasks: Iterable[dict]) -> list[tuple[str, str]]:
+    """(task id, the error) of each Python task whose reference, read as the program a model's
+    completion makes (the prompt, then the rest of the reference), is not valid Python: most often
+    a prompt that is plain text rather than the program's beginning (MBPP's reader wraps its text
+    in a docstring; a benchmark of one's own must do the same). Every completion of such a task
+    would fail to compile too. Compiled only, never run."""
+    bad = []
+    for task in tasks:
+        if task[T.LANGUAGE] != "python":
+            continue
+        program = program_of(task[T.PROMPT], continuation(task[T.PROMPT], task[T.REFERENCE]))
+        try:
+            compile(program, task[T.TASK_ID], "exec", dont_inherit=True)
+        except (SyntaxError, ValueError) as exc:
+            where = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
+            bad.append((task[T.TASK_ID], f"{type(exc).__name__}{where}: {getattr(exc, 'msg', exc)}"))
+    return bad

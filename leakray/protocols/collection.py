@@ -239,10 +239,15 @@ def prove_variants_to(tasks: list[dict], out_dir: Path, *, seed: int, timeout_s:
         parts.append(pa.Table.from_pylist(cached, schema=schema))
     result = pa.concat_tables(parts).sort_by(C.TASK_ID) if len(parts) > 1 else parts[0]
     pq.write_table(result, out_dir / "variants.parquet")
+    from leakray.perturb.keep import BASELINE_FAILED
     from leakray.progress import PROGRESS_FILE
 
     (out_dir / PROGRESS_FILE).unlink(missing_ok=True)
-    return {"kept": kept_summary(result), "from_cache": len(cached)}
+    # a task whose reference fails its own tests gets no variant (every check says so): counted,
+    # since many of them mean a wrong file (a prompt that is not the program's beginning, a runner)
+    failed = sum(any(c.endswith(f"|{BASELINE_FAILED}") for c in row or ())
+                 for row in result.column("check").to_pylist())
+    return {"kept": kept_summary(result), "from_cache": len(cached), "references_failed": failed}
 
 
 def perturb_spec(cfg, tasks: list[dict]):
@@ -276,7 +281,10 @@ def perturb_line(i: dict) -> str:
                else ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())) or "no variant")
         rates = f"none could be proven ({why}); AdvPrompt-MIA has nothing to read"
     return (f"AdvPrompt variants kept: {rates}"
-            + (f" ({i['from_cache']} of {i['rows_in']} tasks proven by an earlier run)" if i.get("from_cache") else ""))
+            + (f" ({i['from_cache']} of {i['rows_in']} tasks proven by an earlier run)" if i.get("from_cache") else "")
+            + (f"; {i['references_failed']} of {i['rows_in']} tasks' references fail their own tests and get no "
+               "variant (`leakray benchmarks validate NAME=PATH` shows why; a prompt must be the program's "
+               "beginning)" if i.get("references_failed") else ""))
 
 
 def reads_any(cfg, columns: set[str]) -> bool:
