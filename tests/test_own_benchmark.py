@@ -174,16 +174,13 @@ def test_a_sweep_plans_cells_on_a_benchmark_of_your_own(tmp_path):
     assert cells[0].run_dir.name.startswith("mybench-")
 
 
-def test_a_plain_text_prompt_is_named_before_any_work(tmp_path):
+def test_a_plain_text_prompt_is_named_before_any_work(tmp_path, capsys):
     """A prompt must be the program's beginning: with plain text as the prompt, every completion
     (and the reference itself) fails to compile, and the run used to say nothing of why."""
-    import io
-
-    from leakray.console import Console
     from leakray.data.registry import load_benchmark
     from leakray.data.tasks import references_that_do_not_compile
     from leakray.protocols.collection import perturb_line
-    from leakray.protocols.engine import warn_broken_references
+    from leakray.protocols.engine import broken_references_line
 
     rows = [json.loads(line) for line in OWN.read_text().splitlines()]
     rows[0] = dict(rows[0], prompt="Write a function add(a, b) returning their sum.")  # text, not code
@@ -193,13 +190,16 @@ def test_a_plain_text_prompt_is_named_before_any_work(tmp_path):
     tasks = load_benchmark("mixed", path)
     assert [t for t, _ in references_that_do_not_compile(tasks)] == ["mine/add"]
     assert references_that_do_not_compile(load_benchmark("mybench", OWN)) == []
-    out = io.StringIO()
-    warn_broken_references(tasks, Console(stream=out))
-    line = out.getvalue()
-    assert line.startswith("[leakray] WARNING: 1 of 8 references do not compile") and "mine/add: SyntaxError" in line
+    line = broken_references_line(tasks)
+    assert line.startswith("1 of 8 references do not compile") and "mine/add: SyntaxError" in line
     assert "leakray benchmarks validate" in line
-    warn_broken_references(load_benchmark("mybench", OWN), Console(stream=out))
-    assert out.getvalue() == line  # nothing said of a sound file
+    assert broken_references_line(load_benchmark("mybench", OWN)) is None  # nothing said of a sound file
+    # said once, on stderr, by --plan too (before any request is counted)
+    from leakray.cli import main
+
+    assert main(["audit", "--benchmark", f"mixed={path}", "--plan", "--output", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("references do not compile") == 1 and err.startswith("[leakray] WARNING: 1 of 8"), err
     # the perturb stage counts the tasks whose reference failed its own tests
     assert perturb_line({"kept": {"python/IDC": {"kept": 5, "baseline-failed": 3, "rate": 1.0}}, "rows_in": 8,
                          "references_failed": 3}).endswith(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 # A smoke-sized protocol: minutes, not a measurement (tests and first looks).
 QUICK = [
@@ -96,9 +97,13 @@ def run_audit_cmd(args, card_only: bool = False) -> int:
     cfg = load_config([AUDIT_DEFAULTS, *args.config], overrides, AuditConfig)
     if getattr(args, "plan", False):  # count what the audit would ask of its target; run nothing
         from leakray.protocols.audit_plan import audit_requests, plan_lines
+        from leakray.protocols.engine import broken_references_line
         from leakray.protocols.simulate import load_tasks
 
-        print("\n".join(plan_lines(cfg, audit_requests(cfg, load_tasks(cfg)))))
+        tasks = load_tasks(cfg)
+        if warning := broken_references_line(tasks):  # on stderr: the plan's own lines stay on stdout
+            print(f"[leakray] WARNING: {warning}", file=sys.stderr)
+        print("\n".join(plan_lines(cfg, audit_requests(cfg, tasks))))
         return 0
     run_audit(cfg, Console(verbose=args.verbose), card_only=card_only)
     return 0

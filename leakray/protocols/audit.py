@@ -311,13 +311,12 @@ UNRECORDED = {"advprompt_kinds": list(ADVPROMPT_KINDS)}
 def run_audit(cfg: AuditConfig, console: Console | None = None, card_only: bool = False) -> Path:
     """Run (or resume) an audit; returns its directory (report.json, report.md, report.html).
     ``card_only``: stop once the detector card is built (`leakray card build`)."""
-    from leakray.protocols.engine import open_run, stage_runner, time_line, warn_broken_references
+    from leakray.protocols.engine import open_run, stage_runner, time_line, broken_references_line
     from leakray.report.audit import write_audit_report
 
     console = console or Console()
     t_start, cpu_start = time.perf_counter(), machine_cpu()
     tasks = load_tasks(cfg)
-    warn_broken_references(tasks, console)
     isolation = preflight_isolation(cfg)
     if cfg.audit.corpus:  # a corpus that cannot be screened is refused now, not after the fine-tunes
         from leakray.screen.corpus import screenable_plan
@@ -344,6 +343,8 @@ def run_audit(cfg: AuditConfig, console: Console | None = None, card_only: bool 
         name = f"audit-{cfg.benchmark.name}-{content_hash(cfg.hashed(), digest, card_id)}"
     store = open_run(cfg, name, len(tasks), console, label="audit directory")
     run_dir = store.local
+    if warning := broken_references_line(tasks):  # said once the run's log exists: it goes there too
+        console.warn(warning)
     if card_dir:
         card = DetectorCard(card_dir)
         console.say(f"reusing detector card {card.id} ({card_dir}): no shadow fine-tuning")

@@ -21,20 +21,21 @@ def open_run(cfg, name: str, n_tasks: int, console: Console, label: str = "run d
     return store
 
 
-def warn_broken_references(tasks: list[dict], console: Console) -> None:
-    """One warning, before any stage, when some Python references do not compile as the program a
-    completion makes (`data.tasks.references_that_do_not_compile`): a benchmark of one's own whose
-    prompt is plain text ran to the end with every program failing to compile and nothing said."""
+def broken_references_line(tasks: list[dict]) -> str | None:
+    """A warning, said before any stage, when some Python references do not compile as the program
+    a completion makes (`data.tasks.references_that_do_not_compile`); None when all do. A benchmark
+    of one's own whose prompt is plain text ran to the end with every program failing to compile
+    and nothing said."""
     from leakray.data.tasks import references_that_do_not_compile
 
     bad = references_that_do_not_compile(tasks)
-    if bad:
-        (task_id, error), more = bad[0], len(bad) - 1
-        console.warn(f"{len(bad)} of {len(tasks)} references do not compile as the program a completion makes "
-                     f"(the prompt, then the rest of the reference): {task_id}: {error}"
-                     + (f", and {more} more" if more else "") + "; their completions cannot compile either. A "
-                     "prompt must be the program's beginning (text in a docstring or comment); "
-                     "`leakray benchmarks validate NAME=PATH` runs every reference against its tests")
+    if not bad:
+        return None
+    (task_id, error), more = bad[0], len(bad) - 1
+    return (f"{len(bad)} of {len(tasks)} references do not compile as the program a completion makes (the "
+            f"prompt, then the rest of the reference): {task_id}: {error}" + (f", and {more} more" if more else "")
+            + "; their completions cannot compile either. A prompt must be the program's beginning (text in a "
+            "docstring or comment); `leakray benchmarks validate NAME=PATH` runs every reference against its tests")
 
 
 def stage_runner(cfg, store: RunStore, console: Console) -> StageRunner:

@@ -340,15 +340,16 @@ def compare_benchmarks(parent: Path, console: Console) -> None:
 
 
 def run_one(cfg: SimulateConfig, console: Console) -> Path:
-    from leakray.protocols.engine import open_run, stage_runner, time_line, warn_broken_references
+    from leakray.protocols.engine import open_run, stage_runner, time_line, broken_references_line
     from leakray.report.simulate import write_report
 
     t_start, cpu_start = time.perf_counter(), machine_cpu()
     tasks = load_tasks(cfg)
-    warn_broken_references(tasks, console)
     isolation = preflight_isolation(cfg)
     store = open_run(cfg, f"{cfg.benchmark.name}-{run_id(cfg, tasks)}", len(tasks), console)
     run_dir = store.local
+    if warning := broken_references_line(tasks):  # said once the run's log exists: it goes there too
+        console.warn(warning)
     if isolation != "bwrap":
         console.warn(f"sandbox isolation is '{isolation}' (opted in with execute.allow_weak_isolation)")
     runner = stage_runner(cfg, store, console)
