@@ -2,7 +2,8 @@
 own fields (`leakray.schema.T`), so that a private or in-house benchmark needs no reader of its
 own. JSONL(.gz), JSON or parquet, as every reader.
 
-Required: ``task_id``, ``prompt`` (what the model is given) and ``reference`` (the complete
+Required: ``task_id``, ``prompt`` (what the model is given: the program's beginning, a task in
+words inside a docstring or comment) and ``reference`` (the complete
 runnable solution, the prompt's code included; one that does not repeat the prompt follows it, as
 MBPP's do). Optional: ``tests`` (harness-ready test code; without it every program is "no tests"
 and the pass feature carries nothing), ``language`` (``python``, the default, or ``java``),
