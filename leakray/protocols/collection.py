@@ -214,6 +214,8 @@ def prove_variants_to(tasks: list[dict], out_dir: Path, *, seed: int, timeout_s:
     import pyarrow.parquet as pq
 
     from leakray.perturb.core import KINDS
+    from leakray.perturb.keep import BASELINE_FAILED
+    from leakray.progress import PROGRESS_FILE, expect_rows
     from leakray.protocols import proof_cache
     from leakray.stages.prove import kept_summary, one_row_per_task, prove_steps, task_table
 
@@ -226,9 +228,7 @@ def prove_variants_to(tasks: list[dict], out_dir: Path, *, seed: int, timeout_s:
         cached += more
     parts = []
     if todo or not cached:
-        from leakray.progress import expect_rows
-
-        expect_rows(out_dir, len(todo), C.TASK_ID)
+        expect_rows(out_dir, len(todo), C.TASK_ID)  # the console's progress lines while proofs come in
         steps = prove_steps(seed, timeout_s, threads, actors, allow_weak_isolation, None if every else list(kinds))
         proven = one_row_per_task(run_steps(task_table(todo), steps, batch_size=batch_size, engine=engine,
                                             out_dir=out_dir))
@@ -239,9 +239,6 @@ def prove_variants_to(tasks: list[dict], out_dir: Path, *, seed: int, timeout_s:
         parts.append(pa.Table.from_pylist(cached, schema=schema))
     result = pa.concat_tables(parts).sort_by(C.TASK_ID) if len(parts) > 1 else parts[0]
     pq.write_table(result, out_dir / "variants.parquet")
-    from leakray.perturb.keep import BASELINE_FAILED
-    from leakray.progress import PROGRESS_FILE
-
     (out_dir / PROGRESS_FILE).unlink(missing_ok=True)
     # a task whose reference fails its own tests gets no variant (every check says so): counted,
     # since many of them mean a wrong file (a prompt that is not the program's beginning, a runner)
