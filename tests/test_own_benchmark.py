@@ -205,3 +205,29 @@ def test_a_plain_text_prompt_is_named_before_any_work(tmp_path, capsys):
                          "references_failed": 3}).endswith(
         "; 3 of 8 tasks' references fail their own tests and get no variant (`leakray benchmarks validate "
         "NAME=PATH` shows why; a prompt must be the program's beginning)")
+
+
+def test_a_card_is_matched_to_a_benchmark_by_its_tasks_not_its_name(tmp_path):
+    """A card built on HumanEval and reused on the same tasks under a label of one's own is the same
+    benchmark (it warned); one built on other tasks under the same name is not (it said nothing)."""
+    from types import SimpleNamespace
+
+    from leakray.config import AuditConfig, load_config
+    from leakray.data.registry import load_benchmark
+    from leakray.protocols.audit import card_meta, card_mismatches
+
+    he = load_config([], [], AuditConfig)
+    he_tasks = load_benchmark("humaneval")
+    card = SimpleNamespace(meta=card_meta(he, he_tasks, "/base"))
+    assert card_mismatches(card, he, he_tasks) == []
+    path = tmp_path / "he.jsonl"
+    path.write_text("".join(json.dumps({k: t[k] for k in (T.TASK_ID, T.PROMPT, T.REFERENCE, T.TESTS)}) + "\n"
+                            for t in he_tasks))
+    mine = load_config([], ["benchmark.name=heown", f"benchmark.path={path}"], AuditConfig)
+    assert card_mismatches(card, mine, load_benchmark("heown", path)) == []  # the same tasks, another label
+    (line,) = card_mismatches(card, he, he_tasks[:100])  # the same name, other tasks
+    assert line.startswith("the card was built on other tasks of humaneval (164 tasks; this audit has 100 of "
+                           "humaneval)"), line
+    other = load_config([], ["benchmark.name=mybench", f"benchmark.path={OWN}"], AuditConfig)
+    (line,) = card_mismatches(card, other, load_benchmark("mybench", OWN))
+    assert line.startswith("the card was built on humaneval (164 tasks; this audit has 8 of mybench)"), line

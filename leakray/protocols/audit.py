@@ -276,11 +276,15 @@ def target_reference(cfg: AuditConfig) -> str:
     return reference_for(cfg, planted_base(cfg) if cfg.audit.target == "planted" else cfg.model.base)
 
 
+def _tasks_digest(tasks: list[dict]) -> str:
+    """The benchmark's tasks as a card records them (ids and references)."""
+    return content_hash([[t[T.TASK_ID], t[T.REFERENCE]] for t in tasks])
+
+
 def card_meta(cfg: AuditConfig, tasks: list[dict], base_path: str) -> dict:
     """What a card records of how it was made (so a reuse can be checked against it)."""
     return {
-        "benchmark": {"name": cfg.benchmark.name, "n_tasks": len(tasks),
-                      "digest": content_hash([[t[T.TASK_ID], t[T.REFERENCE]] for t in tasks])},
+        "benchmark": {"name": cfg.benchmark.name, "n_tasks": len(tasks), "digest": _tasks_digest(tasks)},
         "shadow": {"base": cfg.model.base, "base_path": base_path, "finetune": cfg.shadow.model_dump(),
                    "shadow_seed": cfg.audit.shadow_seed, "leak": shadow_leak(cfg)},
         "collection": collection_settings(cfg, reference_for(cfg, cfg.model.base)),
@@ -382,9 +386,19 @@ def run_audit(cfg: AuditConfig, console: Console | None = None, card_only: bool 
 
 
 def card_mismatches(card: DetectorCard, cfg: AuditConfig, tasks: list[dict]) -> list[str]:
+    """What differs between how a card was made and this audit: the benchmark's tasks (by their
+    content where the card recorded it: a benchmark under another label is the same benchmark, and
+    another file under the same name is not) and the collection settings."""
     out = []
-    if card.meta["benchmark"]["name"] != cfg.benchmark.name:
-        out.append(f"the card was built on {card.meta['benchmark']['name']}, not {cfg.benchmark.name}: "
+    made_on = card.meta["benchmark"]
+    name = made_on["name"]
+    if made_on.get("digest") is not None and tasks:
+        if made_on["digest"] != _tasks_digest(tasks):
+            out.append(f"the card was built on {'other tasks of ' if name == cfg.benchmark.name else ''}{name} "
+                       f"({made_on.get('n_tasks', '?')} tasks; this audit has {len(tasks)} of {cfg.benchmark.name}): "
+                       "its calibration transfers only as far as the benchmarks resemble each other")
+    elif name != cfg.benchmark.name:
+        out.append(f"the card was built on {name}, not {cfg.benchmark.name}: "
                    "its calibration transfers only as far as the benchmarks resemble each other")
     mine, theirs = collection_settings(cfg, target_reference(cfg)), card.meta.get("collection", {})
     differ = sorted(k for k in mine if theirs.get(k, UNRECORDED.get(k)) != mine[k])
