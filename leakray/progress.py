@@ -72,8 +72,8 @@ class RowCounter:
     def files(self) -> set[Path]:
         return set(self.dir.rglob("parts/*.parquet"))
 
-    def count(self, id_column: str, among: set[Path] | None = None) -> int:
-        """Distinct ids in every part file (``among``: in those files only)."""
+    def refresh(self, id_column: str) -> None:
+        """Read the ids of the part files not read yet."""
         import pyarrow.parquet as pq
 
         for path in self.files():
@@ -82,8 +82,16 @@ class RowCounter:
                     self._ids[path] = frozenset(pq.read_table(path, columns=[id_column]).column(0).to_pylist())
                 except Exception:  # half written, or not a per-task file: not counted (yet)
                     continue
+
+    def distinct(self, among: set[Path] | None = None) -> int:
+        """Distinct ids in the files read so far (``among``: in those files only); no I/O."""
         ids = [v for p, v in self._ids.items() if among is None or p in among]
         return len(frozenset().union(*ids)) if ids else 0
+
+    def count(self, id_column: str, among: set[Path] | None = None) -> int:
+        """Distinct ids in every part file (``among``: in those files only)."""
+        self.refresh(id_column)
+        return self.distinct(among)
 
 
 def _minutes(seconds: float) -> str:
@@ -132,8 +140,9 @@ class StageProgress:
             if "done" in declared:  # a worker's own count of its steps, from the stage's start
                 done, made, unit = declared["done"], declared["done"], declared["unit"]
             else:
-                done = counter.count(declared["id"])
-                made, unit = done - counter.count(declared["id"], self._earlier), "tasks"
+                counter.refresh(declared["id"])  # one pass over the files for both counts
+                done = counter.distinct()
+                made, unit = done - counter.distinct(self._earlier), "tasks"
             now = time.monotonic()
             if done != last or now - last_said >= self.quiet:
                 try:

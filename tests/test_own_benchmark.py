@@ -88,7 +88,7 @@ def test_the_command_line_validates_plans_and_refuses_your_own_benchmark_as_it_d
     assert main(["audit", "--benchmark", f"mybench={OWN}", "--target", "served", "--set", "sample.backend=openai",
                  "--set", "sample.endpoint_url=http://127.0.0.1:9/v1", "--plan", "--output", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "8 tasks" in out or "Per task:" in out, out
+    assert "What this audit of 8 tasks will ask of the endpoint" in out and "Per task:" in out, out
     assert not list(tmp_path.glob("audit-*"))
     assert main(["audit", "--benchmark", "mybench", "--plan", "--output", str(tmp_path)]) == 2
     assert "mybench=PATH" in capsys.readouterr().err
