@@ -2,7 +2,8 @@
 user would run it (the target is a model path or an endpoint; the audit is not told the truth).
 
 Targets (HumanEval, 164 tasks; members drawn by task with a seed the audit never sees):
-- twin fine-tunes of the tiny base at 0 / 20 / 50% (15 epochs, the simulated-leak protocol's leak);
+- twin fine-tunes of the tiny base at 0 / 20 / 50% (15 epochs, the simulated-leak protocol's leak),
+  weaker ones (`twin-e3-20`, `twin-e6-20`: 3 and 6 epochs on 20%) and a small share (`twin-5`);
 - the other local architecture: tiny targets audited with a `tiny-alt` card, and `tiny-alt`
   targets audited with the default `tiny` card, at 0 / 20%;
 - pretraining mixtures (`leak.mode=pretrain-mix`): the tiny base continued on ~0.9M tokens of clean
@@ -44,6 +45,11 @@ TARGETS = {
     "twin-0": ("tiny", "none", 0.0, 0, "tiny"),
     "twin-20": ("tiny", "finetune", 0.2, 0, "tiny"),
     "twin-50": ("tiny", "finetune", 0.5, 0, "tiny"),
+    # leaks between the twin's and a mixture's: fewer epochs of the same fine-tune (the dose field
+    # counts epochs for a fine-tune; 0 is the config's 15), and a small share at full strength
+    "twin-e3-20": ("tiny", "finetune", 0.2, 3, "tiny"),
+    "twin-e6-20": ("tiny", "finetune", 0.2, 6, "tiny"),
+    "twin-5": ("tiny", "finetune", 0.05, 0, "tiny"),
     "altcard-tiny-0": ("tiny", "none", 0.0, 0, "tiny-alt"),
     "altcard-tiny-20": ("tiny", "finetune", 0.2, 0, "tiny-alt"),
     "alt-0": ("tiny-alt", "none", 0.0, 0, "tiny"),
@@ -123,7 +129,10 @@ def build_target(name: str, spec: tuple, cfg, tasks: list[dict], out: Path) -> d
         if how == "finetune":
             from leakray.models.finetune import finetune
 
-            finetune(base_path(cfg, base), texts, to_stage(cfg.target), model, progress=False)
+            from dataclasses import replace
+
+            stage = to_stage(cfg.target)
+            finetune(base_path(cfg, base), texts, replace(stage, epochs=dose) if dose else stage, model, progress=False)
         else:
             from transformers import AutoTokenizer
 
@@ -200,6 +209,7 @@ def oracle_selfcal(run_dir: Path, cfg, oracle: str) -> dict:
     (solution and prompt, as the collection's reference-model columns hold them)."""
     import math
 
+    import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -220,7 +230,10 @@ def oracle_selfcal(run_dir: Path, cfg, oracle: str) -> dict:
         table = table.set_column(table.schema.get_field_index(C.REFMODEL_PROMPT_LOGPROB), C.REFMODEL_PROMPT_LOGPROB,
                                  pa.array(ctx, pa.float64()))
     lr = selfcal.likelihood_ratio(table)
-    return selfcal.estimate_empirical(lr["task_id"], lr["s"], lr["why"], n_boot=300, seed=12)
+    s = lr["s"]  # as the audit's route reads it (audit.net_of_difficulty, the default)
+    if cfg.audit.net_of_difficulty and np.isfinite(s).sum() >= selfcal.MIN_TASKS:
+        s = selfcal.net_of_difficulty(s, lr["ref"], lr["chars"])[0]
+    return selfcal.estimate_empirical(lr["task_id"], s, lr["why"], n_boot=300, seed=12)
 
 
 def row(name: str, spec: tuple, target: dict, report: dict, n_tasks: int, reference: str) -> dict:
@@ -280,6 +293,12 @@ def _control_cells(c: dict | None) -> dict | None:
             "why": c.get("why_unusable"), "exchangeable": (c.get("exchangeability") or {}).get("ok")}
 
 
+def _leak(r: dict) -> str:
+    if not r["dose"]:
+        return r["leak"]
+    return f"{r['leak']}, {r['dose']} epochs" if r["leak"] == "finetune" else f"{r['leak']} x{r['dose']}"
+
+
 def _pct(v) -> str:
     return "–" if v is None else f"{v:.1%}"
 
@@ -291,7 +310,7 @@ def markdown(rows: list[dict]) -> str:
         est = _pct(r["estimate"]) if r["estimate"] is not None else "not estimated (below)"
         ci = "–" if r["estimate"] is None else f"{_pct(r['ci'][0])}–{_pct(r['ci'][1])}"
         err = "–" if r["error"] is None else f"{r['error'] * 100:+.1f} pts"
-        lines.append(f"| {r['target']} | {r['leak']}{'' if not r['dose'] else ' x' + str(r['dose'])} | {r['card']} | "
+        lines.append(f"| {r['target']} | {_leak(r)} | {r['card']} | "
                      f"{r['reference']} | {_pct(r['truth'])} | {est} | {ci} | {err} | "
                      f"{'–' if r['covered'] is None else ('yes' if r['covered'] else 'NO')} | {r['route']} | "
                      f"{r['flagged']} ({_pct(r['flagged_clean'])}) | {_pct(r['self_cal'])} / {_pct(r['card_route'])} | "

@@ -489,6 +489,9 @@ class AuditSection(Section):
     fdr: float = Field(0.1, gt=0, lt=1)  # 'suspected' = q-value <= fdr (expected share of false leaks)
     lam: float = Field(0.5, gt=0, lt=1)  # Storey's lambda (rewrite test, control route): p-values above it are taken as nulls
     max_width: float = Field(0.3, gt=0, le=1)  # either route: no number when its 95% interval is wider
+    # the self-calibrated and control routes' statistic net of the task's difficulty and length
+    # (selfcal.net_of_difficulty): false: the raw likelihood ratio
+    net_of_difficulty: bool = True
     # an audit of an endpoint whose plan (`leakray audit --plan`) asks more requests is refused before
     # any stage; None: no cap. A budget, not an input: runs with and without it are the same run
     max_requests: int | None = Field(None, ge=1)

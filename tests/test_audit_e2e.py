@@ -54,7 +54,8 @@ def test_audit_end_to_end_then_reuse_card(ray_head, tmp_path, leakray_cache):
     lf = s["leaked_fraction"]
     assert lf["truth"] == 0.25
     # against the prebuilt tiny-alt reference the self-calibrated route sees the planted 25% even on
-    # 32 tasks (measured: 27.7% [15.5%, 40.7%]; with a 30-step stand-in reference it could not tell).
+    # 32 tasks (measured: 25.0% [12.5%, 37.6%], net of difficulty; 27.7% [15.5%, 40.7%] raw; with a
+    # 30-step stand-in reference it could not tell).
     # docs/AUDIT.md has the validation matrix.
     assert s["self_calibrated"]["n_tasks"] == 32 and s["self_calibrated"]["usable"]
     assert lf["route"] == "self-calibrated" and lf["ci"][0] <= lf["truth"] <= lf["ci"][1]
@@ -77,6 +78,8 @@ def test_audit_end_to_end_then_reuse_card(ray_head, tmp_path, leakray_cache):
     cleaned = [json.loads(line)["task_id"] for line in gzip.open(run / "cleaned" / "HumanEval.jsonl.gz", "rt")]
     assert sorted(cleaned) == sorted(r["task_id"] for r in samples if r["task_id"] not in removed)
     assert (run / "report.md").read_text().startswith("# leakray audit")
+    assert s["self_calibrated"]["adjustment"]["n"] == 32  # the statistic net of difficulty (audit.net_of_difficulty)
+    assert "net of each task's difficulty and length" in (run / "report.md").read_text()
     assert "AdvPrompt-MIA completed the variants of IDP only" in (run / "report.md").read_text()
     assert "Time by stage (wall, in the invocation that ran it; the machine's CPUs busy over it): " \
         in (run / "report.md").read_text()

@@ -422,8 +422,61 @@ def test_self_calibrated_statistic_reads_prompt_and_solution_and_says_which():
     sol = len(continuation("def f():\n", "def f():\n    return 1\n"))
     chars = sol + len("def f():\n")
     assert got["s"][0] == pytest.approx((1.0 + 3.0) / chars) and "prompt and solution" in got["statistic"]
+    # what `net_of_difficulty` reads: the reference model's own likelihood of the same text, its length
+    assert got["ref"][0] == pytest.approx((-2.0 - 2.0 - 6.0) / chars) and got["chars"][0] == chars
     assert np.isnan(got["s"][1]) and "for the prompt" in got["why"][1]
     solution_only = selfcal.likelihood_ratio(table, text="solution")
     assert solution_only["s"][1] == pytest.approx(0.5 / sol)
     old = selfcal.likelihood_ratio(_collection([[-1.0]], [[-1.5]], None, None))  # collected before the columns
     assert old["s"][0] == pytest.approx(0.5 / sol) and "of the solution" in old["statistic"]
+
+
+def test_a_fine_tunes_spill_over_onto_short_tasks_is_taken_out_before_flagging():
+    """A fine-tune on a fifth of HumanEval raises every HumanEval prompt's likelihood by a fixed amount
+    on the format the tasks share, i.e. by B / chars per character: short clean tasks sit in the
+    null's right tail (measured on the matrix's twins: rank correlation of s with the length over
+    their clean tasks -0.43 to -0.46), and the flags' false-discovery rate went over `audit.fdr`
+    (0.11-0.18 against 0.10). Net of the length and the reference model's likelihood it holds; the
+    share is unchanged. 20 synthetic targets: 164 tasks, 33 members, spill-over 60 / chars."""
+    fdr = {"raw": [], "net": []}
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        chars, ref = np.exp(rng.normal(6.3, 0.45, 164)), rng.normal(-1.0, 0.2, 164)
+        member = np.zeros(164, bool)
+        member[rng.choice(164, 33, replace=False)] = True
+        s = 60 / chars + rng.normal(0, 0.06, 164) + 0.6 * member
+        for name, x in (("raw", s), ("net", selfcal.net_of_difficulty(s, ref, chars)[0])):
+            res = selfcal.estimate_empirical(*_lr(x), n_boot=50)
+            flagged = res["per_task"]["flagged"]
+            assert res["usable"] and abs(res["estimate"] - 33 / 164) <= 0.05 and flagged[member].all()
+            fdr[name].append((flagged & ~member).sum() / flagged.sum())
+    # measured: 0.155 raw, 0.100 net of difficulty
+    assert np.mean(fdr["net"]) <= 0.11 < 0.14 <= np.mean(fdr["raw"])
+
+
+def test_net_of_difficulty_leaves_tasks_without_a_statistic_out_and_reports_its_fit():
+    rng = np.random.default_rng(3)
+    chars, ref = np.exp(rng.normal(6.3, 0.45, 60)), rng.normal(-1.0, 0.2, 60)
+    s = -0.5 * ref + 0.1 * np.log(chars) + rng.normal(0, 0.01, 60)
+    s[4], ref[7] = np.nan, np.nan
+    out, fit = selfcal.net_of_difficulty(s, ref, chars)
+    assert np.isnan(out[4]) and np.isnan(out[7]) and np.isfinite(np.delete(out, [4, 7])).all()
+    assert fit["coef"] == pytest.approx([-0.5, 0.1], abs=0.02) and fit["n"] == 58
+    assert np.nanstd(out) < 0.02  # nothing left but the noise
+
+
+def test_the_audit_report_takes_the_difficulty_out_unless_told_not_to():
+    from types import SimpleNamespace
+
+    from leakray.report.audit import self_calibrated
+
+    rng = np.random.default_rng(9)
+    n = 40
+    tgt, ref = rng.normal(-1.0, 0.3, (n, 3)), rng.normal(-1.2, 0.3, (n, 3))
+    table = _collection(tgt.tolist(), ref.tolist(), rng.normal(-5, 1, n).tolist(), rng.normal(-6, 1, n).tolist())
+    a = SimpleNamespace(fdr=0.1, bootstrap=50, shadow_seed=0, max_width=0.3, net_of_difficulty=True)
+    net = self_calibrated(table, a)
+    assert net["adjustment"]["n"] == n and "net of the task's difficulty" in net["statistic"]
+    raw = self_calibrated(table, SimpleNamespace(**{**vars(a), "net_of_difficulty": False}))
+    assert raw["adjustment"] is None and "net of" not in raw["statistic"]
+    assert not np.allclose(net["per_task"]["s"], raw["per_task"]["s"])

@@ -141,24 +141,17 @@ def estimate_from_table(table, task_ids: list[str], **kw) -> dict:
 
 
 def adjust_for_difficulty(s_bench, s_control, ref_bench, ref_control, len_bench, len_control):
-    """s minus what the task's kind predicts of it: a robust (Huber) regression of s on the reference
-    model's log-likelihood per character and the log length, fitted on benchmark and control tasks
-    pooled. A task the reference finds hard, or a long one, moves s whatever the target saw; taking
-    that out narrows the clean tasks' spread (measured on the matrix's dose-16 target: members' AUC
-    0.89 -> 0.94; dose 4: 0.66 -> 0.70). No label is read, and the fit treats every task alike
+    """`selfcal.net_of_difficulty` fitted on benchmark and control tasks pooled. Taking the tasks'
+    difficulty out narrows the clean tasks' spread (measured on the matrix's dose-16 target: members'
+    AUC 0.89 -> 0.94; dose 4: 0.66 -> 0.70). No label is read, and the fit treats every task alike
     (a symmetric function of the pooled set, as in full conformal prediction), so clean benchmark
     tasks and control tasks stay exchangeable: the p-values keep their guarantee."""
-    from sklearn.linear_model import HuberRegressor
+    from leakray.evaluate.selfcal import net_of_difficulty
 
-    s = np.r_[np.asarray(s_bench, np.float64), np.asarray(s_control, np.float64)]
-    x = np.c_[np.r_[ref_bench, ref_control], np.log(np.maximum(np.r_[len_bench, len_control], 1))].astype(np.float64)
-    ok = np.isfinite(s) & np.isfinite(x).all(1)
-    out = np.full(len(s), np.nan)
-    fit = HuberRegressor(max_iter=1000).fit(x[ok], s[ok])
-    out[ok] = s[ok] - fit.predict(x[ok])
     n = len(np.asarray(s_bench))
-    return out[:n], out[n:], {"coef": fit.coef_.tolist(), "intercept": float(fit.intercept_),
-                              "on": ["reference log-likelihood per character", "log length"]}
+    out, adjustment = net_of_difficulty(np.r_[np.asarray(s_bench, np.float64), np.asarray(s_control, np.float64)],
+                                        np.r_[ref_bench, ref_control], np.r_[len_bench, len_control])
+    return out[:n], out[n:], {k: v for k, v in adjustment.items() if k != "n"}
 
 
 def estimate_control(task_ids, s, why, control_s, *, ref_bench, ref_control, len_bench, len_control,

@@ -5,7 +5,12 @@ own scores, so the route needs no shadow that resembles the target.
 reference solution than a reference model does, per character of the solution:
 ``s = (log p_target(solution | prompt) - log p_reference(solution | prompt)) / len(solution)``.
 Log-probabilities of a string compare across tokenizers, and per character across tasks. Members
-have a larger s.
+have a larger s. The route reads s **net of the task's difficulty** (`net_of_difficulty`, unless
+`audit.net_of_difficulty: false`): s minus a robust regression on the reference model's own
+likelihood per character and the log length, fitted on the target's tasks without labels. A
+fine-tune raises its benchmark's shared format for every task, the short ones most per character;
+left in, that spill-over put short clean tasks in the null's right tail, and the flags' false
+share over `audit.fdr` (docs/AUDIT.md, "The flags' false-discovery rate").
 
 **The null, from the target itself** (`empirical_null`, after Efron 2004, "the choice of a null
 hypothesis"): a theoretical null would need s's distribution on a clean target relative to this
@@ -66,6 +71,7 @@ def likelihood_ratio(table, text: str = "whole", keep_partial: bool = False) -> 
         tgt_p = table.column(C.PROMPT_LOGPROB).to_pylist()
         ref_p = table.column(C.REFMODEL_PROMPT_LOGPROB).to_pylist()
     s, why = np.full(len(ids), np.nan), []
+    ref_per_char, n_chars = np.full(len(ids), np.nan), np.full(len(ids), np.nan)  # `net_of_difficulty`'s inputs
     for i in range(len(ids)):
         cut = [n for n in (notes[i] or []) if "truncated" in n]
         if not tgt[i] or not ref[i]:
@@ -75,16 +81,45 @@ def likelihood_ratio(table, text: str = "whole", keep_partial: bool = False) -> 
         elif whole and not (_finite(tgt_p[i]) and _finite(ref_p[i])):
             why.append("the target or the reference model gave no log-probabilities for the prompt")
         else:
-            delta = float(np.sum(tgt[i])) - float(np.sum(ref[i]))
+            ref_ll = float(np.sum(ref[i]))
+            delta = float(np.sum(tgt[i])) - ref_ll
             chars = len(continuation(prompts[i], refs[i]))
             if whole:
                 delta += float(tgt_p[i]) - float(ref_p[i])
+                ref_ll += float(ref_p[i])
                 chars += len(prompts[i])
             s[i] = delta / max(1, chars)
+            ref_per_char[i], n_chars[i] = ref_ll / max(1, chars), chars
             why.append("" if np.isfinite(s[i]) else "a log-probability is not finite")
-    return {"task_id": ids, "s": s, "why": why,
+    return {"task_id": ids, "s": s, "why": why, "ref": ref_per_char, "chars": n_chars,
             "statistic": f"(log p_target - log p_reference) of the {'prompt and solution' if whole else 'solution'} "
                          "per character"}
+
+
+DIFFICULTY = ("net of the task's difficulty (a Huber fit on the reference model's likelihood per character and "
+              "the log length)")
+
+
+def net_of_difficulty(s, ref, chars) -> tuple[np.ndarray, dict]:
+    """s minus what the task's kind predicts of it: a robust (Huber) regression of s on the reference
+    model's log-likelihood per character (``ref``) and the log length (``chars``), over the tasks
+    given, without labels. A task the reference model finds easy or hard, or a short or long one,
+    moves s whatever the target saw. A fine-tune spills over onto the benchmark's own format too: a
+    model fine-tuned on a fifth of HumanEval likes every HumanEval prompt more per character, and
+    the more so the shorter the task (rank correlation of s with the length over its *clean* tasks
+    -0.43 to -0.45; on the clean base 0.02). Left in, that puts short clean tasks in the null's right
+    tail, where they are flagged (docs/AUDIT.md, "The flags' false-discovery rate"). A task with no
+    s or covariate stays NaN."""
+    from sklearn.linear_model import HuberRegressor
+
+    s = np.asarray(s, np.float64)
+    x = np.c_[np.asarray(ref, np.float64), np.log(np.maximum(np.asarray(chars, np.float64), 1))]
+    ok = np.isfinite(s) & np.isfinite(x).all(1)
+    out = np.full(len(s), np.nan)
+    fit = HuberRegressor(max_iter=1000).fit(x[ok], s[ok])
+    out[ok] = s[ok] - fit.predict(x[ok])
+    return out, {"coef": fit.coef_.tolist(), "intercept": float(fit.intercept_),
+                 "on": ["reference log-likelihood per character", "log length"], "n": int(ok.sum())}
 
 
 def _finite(v) -> bool:
@@ -156,8 +191,11 @@ def empirical_nulls(xs, iters: int = 500) -> list[dict]:
                             "sd1": float(sd1[j]), "components": 2} for j in range(b)]
 
 
+MIN_TASKS = 30  # fewer scored tasks: no fit, no number
+
+
 def estimate_empirical(task_ids, s, why, *, fdr: float = 0.1, n_boot: int = 300, seed: int = 0,
-                       max_width: float = 0.3, min_tasks: int = 30,
+                       max_width: float = 0.3, min_tasks: int = MIN_TASKS,
                        statistic: str = "(log p_target - log p_reference) of the solution per character") -> dict:
     """The route's answer from the per-task statistic: leaked fraction, interval, p/q per task,
     flags at the FDR, and whether the number may be printed (``usable``) or why not."""

@@ -268,9 +268,14 @@ def self_calibrated(target: pa.Table, a) -> dict:
     """The self-calibrated route on the target's own collection (its log-probabilities of each
     solution and the reference model's)."""
     lr = selfcal.likelihood_ratio(target)
-    return selfcal.estimate_empirical(lr["task_id"], lr["s"], lr["why"], fdr=a.fdr, n_boot=min(a.bootstrap, 300),
-                                      seed=a.shadow_seed, max_width=a.max_width,
-                                      **({"statistic": lr["statistic"]} if lr["statistic"] else {}))
+    s, statistic, adjustment = lr["s"], lr["statistic"], None
+    if a.net_of_difficulty and np.isfinite(s).sum() >= selfcal.MIN_TASKS:
+        s, adjustment = selfcal.net_of_difficulty(s, lr["ref"], lr["chars"])
+        statistic = f"{statistic}, {selfcal.DIFFICULTY}"
+    res = selfcal.estimate_empirical(lr["task_id"], s, lr["why"], fdr=a.fdr, n_boot=min(a.bootstrap, 300),
+                                     seed=a.shadow_seed, max_width=a.max_width,
+                                     **({"statistic": statistic} if statistic else {}))
+    return {**res, "adjustment": adjustment}
 
 
 def control_route(run_dir: Path, task_ids: list[str], a) -> dict | None:
@@ -281,7 +286,7 @@ def control_route(run_dir: Path, task_ids: list[str], a) -> dict | None:
     if not path.exists():
         return None
     return estimate_from_table(pq.read_table(path), task_ids, lam=a.lam, fdr=a.fdr, n_boot=min(a.bootstrap, 300),
-                               seed=a.shadow_seed, max_width=a.max_width)
+                               seed=a.shadow_seed, max_width=a.max_width, adjust=a.net_of_difficulty)
 
 
 def rewrite_test(run_dir: Path, task_ids: list[str], a) -> dict | None:
@@ -406,6 +411,9 @@ def _f(v, pct: bool = False) -> str:
     return f"{v:.1%}" if pct else f"{v:.3f}"
 
 
+NET = ", net of each task's difficulty and length"
+
+
 def render_markdown(r: dict) -> str:
     s = r["summary"]
     lf, i, v = s["leaked_fraction"], s["inflation"], s["verdicts"]
@@ -421,7 +429,7 @@ def render_markdown(r: dict) -> str:
     lines = [
         f"# {r['title']}", "", head, "",
         f"- self-calibrated route ({sc.get('n_tested', 0)} tasks; likelihood ratio to the reference model "
-        f"{s.get('reference_model')}, null fitted on the target's own scores): "
+        f"{s.get('reference_model')}{NET if sc.get('adjustment') else ''}, null fitted on the target's own scores): "
         + (f"{_f(sc.get('estimate'), True)} ({_f((sc.get('ci') or [None])[0], True)}–"
            f"{_f((sc.get('ci') or [None, None])[1], True)})" if sc.get("estimate") is not None else "–")
         + ("" if sc.get("usable") else f" — not used: {sc.get('why_unusable')}"),
