@@ -164,6 +164,7 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
     closest, similarity = closest_completion(target)
 
     by_id = {t[T.TASK_ID]: t for t in tasks}
+    copies = benchmark_near_copies(by_id, task_ids, verdict)
     samples = [{
         "task_id": t, "prompt": by_id[t][T.PROMPT], "reference": by_id[t][T.REFERENCE], "closest": closest[i],
         "closest_similarity": similarity[i], "probability": _num(card_result["posterior"][i]),
@@ -171,6 +172,7 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
         "verdict": str(verdict[i]), "passed": None if np.isnan(pass1[i]) else float(pass1[i]),
         "evidence": _evidence_text(evidence.get(t)), "member": None if member[i] < 0 else int(member[i]),
         "jaccard": (evidence.get(t) or {}).get("jaccard"), "containment": (evidence.get(t) or {}).get("containment"),
+        "near_copies": copies["of"].get(t, []),
     } for i, t in enumerate(task_ids)]
     pq.write_table(pa.Table.from_pylist(samples), run_dir / "samples.parquet")
     pq.write_table(member_scores_table(task_ids, scores, member), run_dir / "scores.parquet")
@@ -194,6 +196,7 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
                                                     + (" (the control route: Benjamini–Hochberg on conformal p-values)"
                                                        if pq_route is control_result else ""),
             "verdicts": {v: int((verdict == v).sum()) for v in VERDICTS},
+            "near_copies": {k: v for k, v in copies.items() if k != "of"},
             "reference_model": collected.get("reference_model"),
             "shadow_vs_target": shadow_vs_target(card, cfg),
         },
@@ -369,6 +372,42 @@ def _evidence_text(e: dict | None) -> str:
     return f"near-duplicate in {e['corpus_id']} (Jaccard {e['jaccard']:.2f}, containment {e['containment']:.2f})"
 
 
+def benchmark_near_copies(by_id: dict[str, dict], task_ids: list[str], verdict: np.ndarray) -> dict:
+    """The audited tasks whose solutions nearly copy each other (`screen.siblings`, the screener's
+    bar): a model that saw one saw the other's solution. ``of``: each task's copies; the clean
+    tasks among them whose copy was flagged are named, since the cleaned file keeps them."""
+    from leakray.data.tasks import continuation
+    from leakray.screen.index import ScreenConfig
+    from leakray.screen.siblings import near_copies
+
+    pairs = near_copies(task_ids, [continuation(by_id[t][T.PROMPT], by_id[t][T.REFERENCE]) for t in task_ids])
+    of: dict[str, list[str]] = {}
+    for a, b, _ in pairs:
+        of.setdefault(a, []).append(b)
+        of.setdefault(b, []).append(a)
+    flagged = {t for t, v in zip(task_ids, verdict) if v != "clean"}
+    clean = [t for t in task_ids if t in of and t not in flagged and any(o in flagged for o in of[t])]
+    return {"threshold": ScreenConfig().threshold, "pairs": [list(p) for p in pairs], "of": of,
+            "clean_copies_of_flagged": clean}
+
+
+def near_copies_words(c: dict | None) -> str:
+    """The report's sentence on near-copies inside the benchmark ("" when there are none)."""
+    if not c or not c.get("pairs"):
+        return ""
+    pairs, clean = c["pairs"], c["clean_copies_of_flagged"]
+    shown = ", ".join(f"{a} ~ {b} ({j:.2f})" for a, b, j in pairs[:5]) + (
+        f" and {len(pairs) - 5} more" if len(pairs) > 5 else "")
+    kept = ""
+    if clean:
+        one = len(clean) == 1
+        kept = (f"; {len(clean)} clean {'task is a near-copy' if one else 'tasks are near-copies'} of a flagged one "
+                f"and {'stays' if one else 'stay'} in the cleaned file: {', '.join(clean)}")
+    return (f" Near-copies inside the benchmark (solutions at Jaccard ≥ {c['threshold']}, the screener's bar): "
+            f"{len(pairs)} pair{'' if len(pairs) == 1 else 's'}: {shown}. A model that saw one task of a pair saw the "
+            f"other's solution too{kept} (`near_copies` in samples.parquet).")
+
+
 def export_cleaned(cfg, tasks: list[dict], flagged: set[str], run_dir: Path) -> dict:
     """The benchmark file without flagged samples, in its own format, and the removed ids. An audit
     of the first ``benchmark.limit`` tasks judged no other: those are left out too, and counted
@@ -445,7 +484,8 @@ def render_markdown(r: dict) -> str:
         f"{s['n_tasks'] - s['crossfit']['left_out_tasks']} tasks the card held out from their training"
         + (f"; {s['shadow_vs_target']['note']}" if s['shadow_vs_target'].get("note") else ""), "",
         f"Verdicts over {s['n_tasks']} samples: {v['confirmed']} confirmed (near-duplicate in the corpus), "
-        f"{v['suspected']} suspected ({s['suspected_means']}), {v['clean']} clean.", "",
+        f"{v['suspected']} suspected ({s['suspected_means']}), {v['clean']} clean."
+        + near_copies_words(s.get("near_copies")), "",
         f"pass@1: flagged {_f(i['pass1_flagged'])}, clean {_f(i['pass1_clean'])}, ratio {_f(i['ratio'])}"
         + (f" (95% CI {_f(i['ratio_ci'][0])}–{_f(i['ratio_ci'][1])})" if i.get("ratio_ci") else "")
         + (f" — {i['why']}" if i.get("why") else "")

@@ -1,0 +1,54 @@
+"""Near-copies inside one benchmark: tasks whose solutions are nearly the same text.
+
+A model that read one task of such a pair has read the other's solution too: HumanEval/56 and
+HumanEval/61 are the same bracket-matching function with ``<>`` for ``()`` (Jaccard 0.88 of their
+token bigrams). So an audit that flags one of them, or a cleaned benchmark that drops one, says
+something about the other. The bar is the screener's own (`ScreenConfig`: Jaccard >= 0.7 on
+2-gram token shingles, no text under 8 shingles), so "near-copy" means here what a corpus hit
+means there.
+
+Candidates come from MinHash LSH over the solutions (the screener's vectorised signatures,
+32 bands of 4 rows: a pair at the bar is a candidate with probability 0.9998), then every
+candidate's Jaccard is computed exactly: no pair is reported on an estimate.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+
+from leakray.screen.index import ScreenConfig
+from leakray.screen.minhash import MinHasher
+from leakray.screen.shingle import shingle_batch
+from leakray.screen.verify import jaccard_exact
+
+BANDS, ROWS = 32, 4
+
+
+def near_copies(ids: Sequence[str], texts: Sequence[str], config: ScreenConfig | None = None
+                ) -> list[tuple[str, str, float]]:
+    """Pairs (id_a, id_b, Jaccard) of texts at or above ``config.threshold``, id_a before id_b in
+    ``ids``' order, sorted by Jaccard (highest first)."""
+    cfg = config or ScreenConfig()
+    if len(ids) != len(texts):
+        raise ValueError(f"{len(ids)} ids for {len(texts)} texts")
+    sets = shingle_batch(list(texts), ngram=cfg.ngram)
+    keep = np.flatnonzero(sets.sizes >= cfg.min_shingles)
+    if len(keep) < 2:
+        return []
+    sig = MinHasher(num_perm=BANDS * ROWS, seed=cfg.seed).signatures(sets, keep)
+    candidates: set[tuple[int, int]] = set()
+    for band in range(BANDS):
+        buckets: dict[bytes, list[int]] = defaultdict(list)
+        for row, key in enumerate(sig[:, band * ROWS:(band + 1) * ROWS]):
+            buckets[key.tobytes()].append(row)
+        for rows in buckets.values():
+            candidates.update((a, b) for i, a in enumerate(rows) for b in rows[i + 1:])
+    pairs = []
+    for a, b in sorted(candidates):
+        j = jaccard_exact(sets[keep[a]], sets[keep[b]])
+        if j >= cfg.threshold:
+            pairs.append((ids[keep[a]], ids[keep[b]], round(float(j), 3)))
+    return sorted(pairs, key=lambda p: -p[2])

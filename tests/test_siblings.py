@@ -1,0 +1,60 @@
+"""Near-copies inside one benchmark (`screen.siblings`) and the audit report's sentence on them."""
+
+import itertools
+
+import numpy as np
+import pytest
+from conftest import SHARED_BENCHMARKS
+
+from leakray.data.registry import load_benchmark, load_benchmark_file
+from leakray.data.tasks import continuation
+from leakray.schema import T
+from leakray.screen.shingle import shingle_batch
+from leakray.screen.siblings import near_copies
+from leakray.screen.verify import jaccard_exact
+
+
+def _solutions(tasks):
+    return [t[T.TASK_ID] for t in tasks], [continuation(t[T.PROMPT], t[T.REFERENCE]) for t in tasks]
+
+
+def test_humanevals_one_near_copy_is_found():
+    """HumanEval/56 and /61: the same bracket matcher with `<>` for `()`; nothing else is that close."""
+    assert near_copies(*_solutions(load_benchmark("humaneval"))) == [("HumanEval/56", "HumanEval/61", 0.882)]
+
+
+@pytest.mark.skipif(not (SHARED_BENCHMARKS / "humaneval_java.jsonl.gz").exists(), reason="no shared benchmarks")
+def test_lsh_finds_every_pair_that_all_pairs_finds():
+    ids, texts = _solutions(load_benchmark_file("hejava", str(SHARED_BENCHMARKS / "humaneval_java.jsonl.gz")))
+    sets = shingle_batch(texts, 2)
+    exact = {(ids[i], ids[j]) for i, j in itertools.combinations(range(len(ids)), 2)
+             if min(sets.sizes[i], sets.sizes[j]) >= 8 and jaccard_exact(sets[i], sets[j]) >= 0.7}
+    got = near_copies(ids, texts)
+    assert {(a, b) for a, b, _ in got} == exact and len(exact) >= 5  # measured: 5 (Java/56 ~ Java/61 among them)
+    assert [j for *_, j in got] == sorted((j for *_, j in got), reverse=True)
+
+
+def test_short_or_different_texts_are_no_copies():
+    body = "def f(xs):\n    total = 0\n    for x in xs:\n        if x > 0:\n            total += x * x\n    return total\n"
+    ids = ["a", "b", "c", "d", "e"]
+    texts = [body, body.replace("x * x", "x * 2"), "return a + b", "return a + b", "print('something else entirely')"]
+    got = near_copies(ids, texts)
+    assert [(a, b) for a, b, _ in got] == [("a", "b")] and got[0][2] < 1.0  # the two one-liners are too short
+    with pytest.raises(ValueError, match="ids for"):
+        near_copies(ids, texts[:2])
+
+
+def test_the_report_names_clean_copies_of_flagged_tasks():
+    from leakray.report.audit import benchmark_near_copies, near_copies_words
+
+    tasks = load_benchmark("humaneval")
+    by_id = {t[T.TASK_ID]: t for t in tasks}
+    ids = ["HumanEval/0", "HumanEval/56", "HumanEval/61"]
+    c = benchmark_near_copies(by_id, ids, np.array(["clean", "clean", "suspected"]))
+    assert c["of"] == {"HumanEval/56": ["HumanEval/61"], "HumanEval/61": ["HumanEval/56"]}
+    assert c["clean_copies_of_flagged"] == ["HumanEval/56"]
+    words = near_copies_words(c)
+    assert "1 pair: HumanEval/56 ~ HumanEval/61 (0.88)" in words and "1 clean task is a near-copy" in words
+    both = benchmark_near_copies(by_id, ids, np.array(["clean", "suspected", "confirmed"]))
+    assert both["clean_copies_of_flagged"] == [] and "stay" not in near_copies_words(both)
+    assert near_copies_words(benchmark_near_copies(by_id, ids[:2], np.array(["clean", "clean"]))) == ""
