@@ -248,6 +248,9 @@ def row(name: str, spec: tuple, target: dict, report: dict, n_tasks: int, refere
     clean = [r for r in samples if r["task_id"] not in members]
     if clean:
         flagged_clean = sum(r["verdict"] != "clean" for r in clean) / len(clean)
+    # a non-member whose solution nearly copies a member's (screen/siblings.py) was read in substance
+    copies = {c for r in samples if r["task_id"] in members for c in (r.get("near_copies") or [])} - members
+    flagged_copies = sum(r["verdict"] != "clean" for r in clean if r["task_id"] in copies)
     return {
         "target": name, "leak": spec[1], "dose": spec[3] or None, "card": spec[4], "target_base": spec[0],
         "reference": reference, "truth": truth, "estimate": est, "ci": ci,
@@ -256,6 +259,7 @@ def row(name: str, spec: tuple, target: dict, report: dict, n_tasks: int, refere
         "route": s["leaked_fraction"]["route"], "statement": s["leaked_fraction"].get("statement"),
         "access": s.get("access"), "detectors_run": s.get("detectors_run"),
         "primary": s.get("primary_detector"), "flagged": s["verdicts"]["suspected"], "flagged_clean": flagged_clean,
+        "flagged_copies_of_members": flagged_copies,
         "uniform_p": ((s.get("self_calibrated") or {}).get("uniformity") or {}).get("ks_p"),
         "why_self_cal": (s.get("self_calibrated") or {}).get("why_unusable"),
         "why_card": (s.get("card_route") or {}).get("why_unusable"),
@@ -293,6 +297,11 @@ def _control_cells(c: dict | None) -> dict | None:
             "why": c.get("why_unusable"), "exchangeable": (c.get("exchangeability") or {}).get("ok")}
 
 
+def _copies(r: dict) -> str:
+    n = r.get("flagged_copies_of_members")
+    return f"; {n} of them a member's near-copy" if n else ""
+
+
 def _leak(r: dict) -> str:
     if not r["dose"]:
         return r["leak"]
@@ -313,7 +322,7 @@ def markdown(rows: list[dict]) -> str:
         lines.append(f"| {r['target']} | {_leak(r)} | {r['card']} | "
                      f"{r['reference']} | {_pct(r['truth'])} | {est} | {ci} | {err} | "
                      f"{'–' if r['covered'] is None else ('yes' if r['covered'] else 'NO')} | {r['route']} | "
-                     f"{r['flagged']} ({_pct(r['flagged_clean'])}) | {_pct(r['self_cal'])} / {_pct(r['card_route'])} | "
+                     f"{r['flagged']} ({_pct(r['flagged_clean'])}{_copies(r)}) | {_pct(r['self_cal'])} / {_pct(r['card_route'])} | "
                      f"{'–' if r['uniform_p'] is None else format(r['uniform_p'], '.3f')} |")
     lines += ["", "Why no number, by route:", ""]
     lines += [f"- {r['target']} (access {r.get('access')}, primary {r.get('primary')}): self-calibrated — "
