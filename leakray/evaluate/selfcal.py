@@ -10,7 +10,7 @@ have a larger s. The route reads s **net of the task's difficulty** (`net_of_dif
 likelihood per character and the log length, fitted on the target's tasks without labels. A
 fine-tune raises its benchmark's shared format for every task, the short ones most per character;
 left in, that spill-over put short clean tasks in the null's right tail, and the flags' false
-share over `audit.fdr` (docs/AUDIT.md, "The flags' false-discovery rate").
+share over `audit.fdr` (docs/AUDIT.md, "Weaker and smaller leaks").
 
 **The null, from the target itself** (`empirical_null`, after Efron 2004, "the choice of a null
 hypothesis"): a theoretical null would need s's distribution on a clean target relative to this
@@ -107,8 +107,8 @@ def net_of_difficulty(s, ref, chars) -> tuple[np.ndarray, dict]:
     moves s whatever the target saw. A fine-tune spills over onto the benchmark's own format too: a
     model fine-tuned on a fifth of HumanEval likes every HumanEval prompt more per character, and
     the more so the shorter the task (rank correlation of s with the length over its *clean* tasks
-    -0.43 to -0.45; on the clean base 0.02). Left in, that puts short clean tasks in the null's right
-    tail, where they are flagged (docs/AUDIT.md, "The flags' false-discovery rate"). A task with no
+    -0.43 to -0.46; on the clean base 0.02). Left in, that puts short clean tasks in the null's right
+    tail, where they are flagged (docs/AUDIT.md, "Weaker and smaller leaks"). A task with no
     s or covariate stays NaN."""
     from sklearn.linear_model import HuberRegressor
 
