@@ -58,3 +58,21 @@ def test_the_report_names_clean_copies_of_flagged_tasks():
     both = benchmark_near_copies(by_id, ids, np.array(["clean", "suspected", "confirmed"]))
     assert both["clean_copies_of_flagged"] == [] and "stay" not in near_copies_words(both)
     assert near_copies_words(benchmark_near_copies(by_id, ids[:2], np.array(["clean", "clean"]))) == ""
+
+
+def test_benchmarks_copies_lists_the_pairs_and_refuses_bad_input(tmp_path, capsys):
+    import json
+
+    from leakray.cli import main
+
+    out = tmp_path / "pairs.jsonl"
+    assert main(["benchmarks", "copies", "humaneval", "--output", str(out)]) == 0
+    got = capsys.readouterr()
+    assert got.out == "HumanEval/56\tHumanEval/61\t0.882\n" and "1 pair of near-copies among 164 tasks" in got.err
+    assert [json.loads(line) for line in out.read_text().splitlines()] == \
+        [{"a": "HumanEval/56", "b": "HumanEval/61", "jaccard": 0.882}]
+    assert main(["benchmarks", "copies", "humaneval", "--threshold", "0.6"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 4  # /55 ~ /63, /108 ~ /145, /40 ~ /43 too
+    assert main(["benchmarks", "copies", "humaneval", "--threshold", "1.5"]) == 2
+    assert main(["benchmarks", "copies", str(tmp_path / "missing.jsonl")]) == 2
+    assert "neither a registered benchmark" in capsys.readouterr().err

@@ -2,6 +2,10 @@
 stop rule checked against it. Proves a reader's tasks are harness-ready, and that a model that
 reproduced a reference verbatim would keep all of it and pass.
 
+`leakray benchmarks copies <name-or-path>`: the pairs of tasks whose reference solutions nearly copy
+each other (`screen/siblings.py`, the screener's bar); a model that saw one saw the other. Exit
+status 0 (pairs or none), 2 for unusable input.
+
 Exit status: 0 when every reference passes and no task breaks the stop rule (failures listed
 with `--allow-known` are reported but allowed), 1 otherwise, 2 for unusable input."""
 
@@ -27,6 +31,12 @@ def register(sub) -> None:
                    help="task ids of documented upstream defects (or a file of them, one per line, # comments): "
                         "listed but not failing the exit status; repeatable")
     v.set_defaults(func=validate)
+    c = bsub.add_parser("copies", help="pairs of tasks whose solutions nearly copy each other (one leak, two ids)")
+    c.add_argument("spec", help="a registered name (humaneval), a file (format sniffed), or NAME=PATH")
+    c.add_argument("--threshold", type=float, default=None,
+                   help="Jaccard of the solutions' token bigrams (default: the screener's, 0.7)")
+    c.add_argument("--output", help="also write the pairs here (.jsonl: one {a, b, jaccard} per line)")
+    c.set_defaults(func=copies)
 
 
 def allowed_ids(values: list[str]) -> set[str]:
@@ -128,3 +138,31 @@ def validate(args) -> int:
     if blocking:
         print(f"  {len(blocking)} tasks fail ({len(problems) - len(blocking)} more are known defects)")
     return 1 if blocking else 0
+
+
+def copies(args) -> int:
+    import json
+    from dataclasses import replace
+
+    from leakray.data.tasks import continuation
+    from leakray.errors import BadInput
+    from leakray.schema import T
+    from leakray.screen.index import ScreenConfig
+    from leakray.screen.siblings import near_copies
+
+    try:
+        cfg = ScreenConfig() if args.threshold is None else replace(ScreenConfig(), threshold=args.threshold)
+        tasks = load_spec(args.spec)
+    except (BadInput, OSError, ValueError) as exc:
+        print(f"leakray benchmarks copies: {exc}", file=sys.stderr)
+        return 2
+    pairs = near_copies([t[T.TASK_ID] for t in tasks], [continuation(t[T.PROMPT], t[T.REFERENCE]) for t in tasks], cfg)
+    for a, b, j in pairs:
+        print(f"{a}\t{b}\t{j:.3f}")
+    in_pairs = len({t for a, b, _ in pairs for t in (a, b)})
+    print(f"{len(pairs)} pair{'' if len(pairs) == 1 else 's'} of near-copies among {len(tasks)} tasks "
+          f"({in_pairs} tasks in a pair; solutions at Jaccard >= {cfg.threshold} of their token bigrams)",
+          file=sys.stderr)
+    if args.output:
+        Path(args.output).write_text("".join(json.dumps({"a": a, "b": b, "jaccard": j}) + "\n" for a, b, j in pairs))
+    return 0
