@@ -80,6 +80,14 @@ def test_bad_sample_refused_with_row_and_field():
         rh.render_audit({}, [{"verdict": "clean"}, {"verdict": "leaked"}])
     with pytest.raises(BadInput, match=r"row 0, field 'probability'"):
         rh.render_audit({}, [{"probability": "high"}])
+    with pytest.raises(BadInput, match=r"row 0, field 'near_copies'"):
+        rh.render_audit({}, [{"near_copies": "HumanEval/61"}])
+
+
+def test_a_samples_near_copies_are_in_its_details():
+    page = rh.render_audit({}, [{"task_id": "HumanEval/56", "near_copies": ["HumanEval/61", HOSTILE]},
+                                {"task_id": "HumanEval/0", "near_copies": []}])
+    assert page.count("Near-copies inside the benchmark") == 1 and "HumanEval/61, &lt;/pre&gt;" in page
 
 
 def test_diff_marks_the_changed_token_only():

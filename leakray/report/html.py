@@ -251,6 +251,9 @@ def _check_sample(s, row: int) -> None:
         v = s.get(field)
         if v is not None and _num(v) is None and not (isinstance(v, float) and math.isnan(v)):
             raise BadInput(f"expected a number or null, got {v!r}", row=row, field=field)
+    copies = s.get("near_copies")
+    if copies is not None and (isinstance(copies, (str, bytes)) or not all(isinstance(c, str) for c in copies)):
+        raise BadInput(f"expected a list of task ids, got {copies!r}", row=row, field="near_copies")
 
 
 def _sample_body(s: Mapping, row: int) -> str:
@@ -272,7 +275,9 @@ def _sample_body(s: Mapping, row: int) -> str:
               f'<h4>Reference</h4><pre>{escape(ref) if ref is not None else DASH}</pre>'
               f'<h4>Closest completion <span class="note">(similarity {fmt(s.get("closest_similarity"))}; '
               f'<del>removed from</del> / <ins>added to</ins> the reference)</span></h4>{closest_html}'
-              f'<h4>Evidence</h4><pre>{escape(evidence) if evidence else DASH}</pre></details></td></tr>')
+              f'<h4>Evidence</h4><pre>{escape(evidence) if evidence else DASH}</pre>'
+              + (f'<h4>Near-copies inside the benchmark</h4><p>{escape(", ".join(s["near_copies"]))}</p>'
+                 if s.get("near_copies") else "") + '</details></td></tr>')
     return f'<tbody data-verdict="{verdict or ""}">{main}{detail}</tbody>'
 
 
