@@ -261,6 +261,8 @@ def row(name: str, spec: tuple, target: dict, report: dict, n_tasks: int, refere
         "primary": s.get("primary_detector"), "flagged": s["verdicts"]["suspected"], "flagged_clean": flagged_clean,
         "flagged_copies_of_members": flagged_copies,
         "uniform_p": ((s.get("self_calibrated") or {}).get("uniformity") or {}).get("ks_p"),
+        # the route's null checked where it should hold: the p-values of the target's true non-members
+        "uniform_p_clean": _uniform_p([r["p_value"] for r in clean]),
         "why_self_cal": (s.get("self_calibrated") or {}).get("why_unusable"),
         "why_card": (s.get("card_route") or {}).get("why_unusable"),
         "self_cal": (s.get("self_calibrated") or {}).get("estimate"),
@@ -297,6 +299,16 @@ def _control_cells(c: dict | None) -> dict | None:
             "why": c.get("why_unusable"), "exchangeable": (c.get("exchangeability") or {}).get("ok")}
 
 
+def _uniform_p(p: list) -> float | None:
+    """KS p of p-values against the uniform (None under 20 of them)."""
+    import math
+
+    from scipy import stats
+
+    p = [v for v in p if v is not None and math.isfinite(v)]
+    return float(stats.kstest(p, "uniform").pvalue) if len(p) >= 20 else None
+
+
 def _copies(r: dict) -> str:
     n = r.get("flagged_copies_of_members")
     return f"; {n} of them a member's near-copy" if n else ""
@@ -314,7 +326,7 @@ def _pct(v) -> str:
 
 def markdown(rows: list[dict]) -> str:
     lines = ["| target | leak | card | reference | truth | estimate | 95% CI | error | covered | route | flagged "
-             "(of non-members) | self-cal / card route | p uniform (KS p) |", "|" + "---|" * 13]
+             "(of non-members) | self-cal / card route | p uniform (KS p): all tasks / non-members |", "|" + "---|" * 13]
     for r in rows:
         est = _pct(r["estimate"]) if r["estimate"] is not None else "not estimated (below)"
         ci = "–" if r["estimate"] is None else f"{_pct(r['ci'][0])}–{_pct(r['ci'][1])}"
@@ -323,7 +335,8 @@ def markdown(rows: list[dict]) -> str:
                      f"{r['reference']} | {_pct(r['truth'])} | {est} | {ci} | {err} | "
                      f"{'–' if r['covered'] is None else ('yes' if r['covered'] else 'NO')} | {r['route']} | "
                      f"{r['flagged']} ({_pct(r['flagged_clean'])}{_copies(r)}) | {_pct(r['self_cal'])} / {_pct(r['card_route'])} | "
-                     f"{'–' if r['uniform_p'] is None else format(r['uniform_p'], '.3f')} |")
+                     f"{'–' if r['uniform_p'] is None else format(r['uniform_p'], '.3f')} / "
+                     f"{'–' if r.get('uniform_p_clean') is None else format(r['uniform_p_clean'], '.3f')} |")
     lines += ["", "Why no number, by route:", ""]
     lines += [f"- {r['target']} (access {r.get('access')}, primary {r.get('primary')}): self-calibrated — "
               f"{r['why_self_cal'] or 'used'}; card — {r['why_card'] or 'usable'}" for r in rows]
