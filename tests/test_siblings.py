@@ -76,3 +76,25 @@ def test_benchmarks_copies_lists_the_pairs_and_refuses_bad_input(tmp_path, capsy
     assert main(["benchmarks", "copies", "humaneval", "--threshold", "1.5"]) == 2
     assert main(["benchmarks", "copies", str(tmp_path / "missing.jsonl")]) == 2
     assert "neither a registered benchmark" in capsys.readouterr().err
+
+
+def test_the_simulate_report_warns_of_a_near_copy_on_both_sides_of_a_split():
+    import pyarrow as pa
+
+    from leakray.report.simulate import render_markdown, straddling_copies, straddling_line
+    from leakray.schema import C
+
+    by_id = {t[T.TASK_ID]: t for t in load_benchmark("humaneval")}
+
+    def collection(members: dict[str, int]) -> pa.Table:
+        return pa.table({C.TASK_ID: list(members), C.MEMBER: list(members.values()),
+                         C.PROMPT: [by_id[t][T.PROMPT] for t in members],
+                         C.REFERENCE: [by_id[t][T.REFERENCE] for t in members]})
+
+    across = straddling_copies(collection({"HumanEval/0": 1, "HumanEval/56": 0, "HumanEval/61": 1}))
+    assert across == [["HumanEval/61", "HumanEval/56", 0.882]]
+    assert straddling_copies(collection({"HumanEval/56": 1, "HumanEval/61": 1, "HumanEval/0": 0})) == []
+    line = straddling_line({"near_copies_across_split": {"target": [], "shadow": across}})
+    assert "shadow: member HumanEval/61 ~ non-member HumanEval/56 (0.88)" in line[1]
+    assert straddling_line({"near_copies_across_split": {"target": [], "shadow": []}}) == []
+    assert straddling_line({}) == []

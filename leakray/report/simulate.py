@@ -128,6 +128,34 @@ def reference_models(collect_target: dict, metrics: dict) -> dict | None:
     return {"oracle": oracle, "nonoracle": other, "auc": auc}
 
 
+def straddling_copies(table: pa.Table) -> list[list]:
+    """Pairs of a collection's tasks whose solutions nearly copy each other (`screen.siblings`) with
+    one a member and the other not: one text on both sides of the split, so the non-member was read
+    in substance and the detectors' AUC counts it as unseen. [member id, non-member id, Jaccard]."""
+    from leakray.data.tasks import continuation
+    from leakray.screen.siblings import near_copies
+
+    if not {C.TASK_ID, C.MEMBER, C.PROMPT, C.REFERENCE} <= set(table.column_names):
+        return []  # a collection without the texts (a test's minimal table): nothing to compare
+    ids, member = table.column(C.TASK_ID).to_pylist(), table.column(C.MEMBER).to_pylist()
+    texts = [continuation(p, r) for p, r in zip(table.column(C.PROMPT).to_pylist(),
+                                                table.column(C.REFERENCE).to_pylist())]
+    is_member = dict(zip(ids, member))
+    return [[a, b, j] if is_member[a] == 1 else [b, a, j]
+            for a, b, j in near_copies(ids, texts) if {is_member[a], is_member[b]} == {0, 1}]
+
+
+def straddling_line(r: dict) -> list[str]:
+    """The report's warning when a near-copy pair sits on both sides of a model's split."""
+    found = {role: pairs for role, pairs in (r.get("near_copies_across_split") or {}).items() if pairs}
+    if not found:
+        return []
+    words = "; ".join(f"{role}: " + ", ".join(f"member {m} ~ non-member {n} ({j:.2f})" for m, n, j in pairs)
+                      for role, pairs in sorted(found.items()))
+    return ["", "Near-copies across the split (solutions at the screener's Jaccard bar, 0.7): the non-member of each "
+                f"pair was read in substance, and the detectors' rates count it as unseen — {words}."]
+
+
 def write_report(run_dir: Path, cfg: dict, timings: dict) -> dict:
     stages = _stage_info(run_dir)
     metrics = json.loads((run_dir / "detect" / "metrics.json").read_text())
@@ -148,6 +176,7 @@ def write_report(run_dir: Path, cfg: dict, timings: dict) -> dict:
         "skipped": metrics.get("skipped", {}),
         "reference_models": reference_models(stages.get("collect_target", {}), metrics),
         "leak": {"target": leak_summary(target), "shadow": leak_summary(shadow)},
+        "near_copies_across_split": {"target": straddling_copies(target), "shadow": straddling_copies(shadow)},
         "stages": stage_stats(stages),
         "timings_s": {**{name: info.get("seconds") for name, info in stages.items()},
                       "sum_of_stages": round(sum(i.get("seconds", 0) for i in stages.values()), 1), **timings},
@@ -274,7 +303,7 @@ def _ablation_lines(metrics: dict) -> list[str]:
 
 def render_markdown(r: dict) -> str:
     lines = [f"# leakray simulated-leakage audit — {r['benchmark']['name']}", "", r["protocol"] + ".", "",
-             _isolation_line(r.get("isolation") or {}), "",
+             _isolation_line(r.get("isolation") or {}), *straddling_line(r), "",
              *([fingerprint_line(r["environment"]), ""] if (r.get("environment") or {}).get("cpu") else []),
              "## Detectors on the target (median over seeds)", "",
              "| detector | " + " | ".join(h for _, h in DETECTOR_COLUMNS) + " | " + " | ".join(COST_COLUMNS) + " |",
