@@ -127,9 +127,9 @@ def build_target(name: str, spec: tuple, cfg, tasks: list[dict], out: Path) -> d
     if not (model / "truth.json").exists():
         t0 = time.perf_counter()
         if how == "finetune":
-            from leakray.models.finetune import finetune
-
             from dataclasses import replace
+
+            from leakray.models.finetune import finetune
 
             stage = to_stage(cfg.target)
             finetune(base_path(cfg, base), texts, replace(stage, epochs=dose) if dose else stage, model, progress=False)

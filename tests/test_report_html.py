@@ -82,6 +82,8 @@ def test_bad_sample_refused_with_row_and_field():
         rh.render_audit({}, [{"probability": "high"}])
     with pytest.raises(BadInput, match=r"row 0, field 'near_copies'"):
         rh.render_audit({}, [{"near_copies": "HumanEval/61"}])
+    with pytest.raises(BadInput, match=r"row 0, field 'near_copies'"):
+        rh.render_audit({}, [{"near_copies": 61}])
 
 
 def test_a_samples_near_copies_are_in_its_details():

@@ -252,7 +252,7 @@ def _check_sample(s, row: int) -> None:
         if v is not None and _num(v) is None and not (isinstance(v, float) and math.isnan(v)):
             raise BadInput(f"expected a number or null, got {v!r}", row=row, field=field)
     copies = s.get("near_copies")
-    if copies is not None and (isinstance(copies, (str, bytes)) or not all(isinstance(c, str) for c in copies)):
+    if copies is not None and (not isinstance(copies, (list, tuple)) or not all(isinstance(c, str) for c in copies)):
         raise BadInput(f"expected a list of task ids, got {copies!r}", row=row, field="near_copies")
 
 
