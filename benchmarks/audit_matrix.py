@@ -209,7 +209,6 @@ def oracle_selfcal(run_dir: Path, cfg, oracle: str) -> dict:
     (solution and prompt, as the collection's reference-model columns hold them)."""
     import math
 
-    import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -230,9 +229,7 @@ def oracle_selfcal(run_dir: Path, cfg, oracle: str) -> dict:
         table = table.set_column(table.schema.get_field_index(C.REFMODEL_PROMPT_LOGPROB), C.REFMODEL_PROMPT_LOGPROB,
                                  pa.array(ctx, pa.float64()))
     lr = selfcal.likelihood_ratio(table)
-    s = lr["s"]  # as the audit's route reads it (audit.net_of_difficulty, the default)
-    if cfg.audit.net_of_difficulty and np.isfinite(s).sum() >= selfcal.MIN_TASKS:
-        s = selfcal.net_of_difficulty(s, lr["ref"], lr["chars"])[0]
+    s, _, _ = selfcal.route_statistic(lr, cfg.audit.net_of_difficulty)  # as the audit's route reads it
     return selfcal.estimate_empirical(lr["task_id"], s, lr["why"], n_boot=300, seed=12)
 
 

@@ -450,7 +450,7 @@ def test_a_fine_tunes_spill_over_onto_short_tasks_is_taken_out_before_flagging()
             flagged = res["per_task"]["flagged"]
             assert res["usable"] and abs(res["estimate"] - 33 / 164) <= 0.05 and flagged[member].all()
             fdr[name].append((flagged & ~member).sum() / flagged.sum())
-    # measured: 0.155 raw, 0.100 net of difficulty
+    # measured: 0.141 raw, 0.096 net of difficulty
     assert np.mean(fdr["net"]) <= 0.11 < 0.14 <= np.mean(fdr["raw"])
 
 

@@ -144,11 +144,9 @@ def copies(args) -> int:
     import json
     from dataclasses import replace
 
-    from leakray.data.tasks import continuation
     from leakray.errors import BadInput
-    from leakray.schema import T
     from leakray.screen.index import ScreenConfig
-    from leakray.screen.siblings import near_copies
+    from leakray.screen.siblings import task_near_copies
 
     try:
         cfg = ScreenConfig() if args.threshold is None else replace(ScreenConfig(), threshold=args.threshold)
@@ -156,7 +154,7 @@ def copies(args) -> int:
     except (BadInput, OSError, ValueError) as exc:
         print(f"leakray benchmarks copies: {exc}", file=sys.stderr)
         return 2
-    pairs = near_copies([t[T.TASK_ID] for t in tasks], [continuation(t[T.PROMPT], t[T.REFERENCE]) for t in tasks], cfg)
+    pairs = task_near_copies(tasks, cfg)
     for a, b, j in pairs:
         print(f"{a}\t{b}\t{j:.3f}")
     in_pairs = len({t for a, b, _ in pairs for t in (a, b)})

@@ -61,7 +61,8 @@ def likelihood_ratio(table, text: str = "whole", keep_partial: bool = False) -> 
     cols = table.column_names
     ids = table.column(C.TASK_ID).to_pylist()
     if C.REF_TOKEN_LOGPROBS not in cols or C.REFMODEL_TOKEN_LOGPROBS not in cols:
-        return {"task_id": ids, "s": np.full(len(ids), np.nan), "statistic": None,
+        return {"task_id": ids, "s": np.full(len(ids), np.nan), "statistic": None, "ref": np.full(len(ids), np.nan),
+                "chars": np.full(len(ids), np.nan),
                 "why": ["the collection has no reference-model column (columns.reference_model)"] * len(ids)}
     whole = text == "whole" and C.PROMPT_LOGPROB in cols and C.REFMODEL_PROMPT_LOGPROB in cols
     tgt, ref = table.column(C.REF_TOKEN_LOGPROBS).to_pylist(), table.column(C.REFMODEL_TOKEN_LOGPROBS).to_pylist()
@@ -120,6 +121,17 @@ def net_of_difficulty(s, ref, chars) -> tuple[np.ndarray, dict]:
     out[ok] = s[ok] - fit.predict(x[ok])
     return out, {"coef": fit.coef_.tolist(), "intercept": float(fit.intercept_),
                  "on": ["reference log-likelihood per character", "log length"], "n": int(ok.sum())}
+
+
+def route_statistic(lr: dict, net: bool) -> tuple[np.ndarray, str | None, dict | None]:
+    """(s, its description, the adjustment or None) as the route reads a `likelihood_ratio` result:
+    net of difficulty when ``net`` (`audit.net_of_difficulty`) and enough tasks have a statistic
+    to fit it on (fewer get no number anyway)."""
+    s, statistic = lr["s"], lr["statistic"]
+    if not net or np.isfinite(s).sum() < MIN_TASKS:
+        return s, statistic, None
+    s, adjustment = net_of_difficulty(s, lr["ref"], lr["chars"])
+    return s, f"{statistic}, {DIFFICULTY}" if statistic else statistic, adjustment
 
 
 def _finite(v) -> bool:

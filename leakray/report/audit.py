@@ -271,10 +271,7 @@ def self_calibrated(target: pa.Table, a) -> dict:
     """The self-calibrated route on the target's own collection (its log-probabilities of each
     solution and the reference model's)."""
     lr = selfcal.likelihood_ratio(target)
-    s, statistic, adjustment = lr["s"], lr["statistic"], None
-    if a.net_of_difficulty and np.isfinite(s).sum() >= selfcal.MIN_TASKS:
-        s, adjustment = selfcal.net_of_difficulty(s, lr["ref"], lr["chars"])
-        statistic = f"{statistic}, {selfcal.DIFFICULTY}"
+    s, statistic, adjustment = selfcal.route_statistic(lr, a.net_of_difficulty)
     res = selfcal.estimate_empirical(lr["task_id"], s, lr["why"], fdr=a.fdr, n_boot=min(a.bootstrap, 300),
                                      seed=a.shadow_seed, max_width=a.max_width,
                                      **({"statistic": statistic} if statistic else {}))
@@ -376,11 +373,10 @@ def benchmark_near_copies(by_id: dict[str, dict], task_ids: list[str], verdict: 
     """The audited tasks whose solutions nearly copy each other (`screen.siblings`, the screener's
     bar): a model that saw one saw the other's solution. ``of``: each task's copies; the clean
     tasks among them whose copy was flagged are named, since the cleaned file keeps them."""
-    from leakray.data.tasks import continuation
     from leakray.screen.index import ScreenConfig
-    from leakray.screen.siblings import near_copies
+    from leakray.screen.siblings import task_near_copies
 
-    pairs = near_copies(task_ids, [continuation(by_id[t][T.PROMPT], by_id[t][T.REFERENCE]) for t in task_ids])
+    pairs = task_near_copies([by_id[t] for t in task_ids])
     of: dict[str, list[str]] = {}
     for a, b, _ in pairs:
         of.setdefault(a, []).append(b)

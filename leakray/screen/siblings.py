@@ -19,6 +19,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from leakray.data.tasks import continuation
+from leakray.schema import T
 from leakray.screen.index import ScreenConfig
 from leakray.screen.minhash import MinHasher
 from leakray.screen.shingle import shingle_batch
@@ -52,3 +54,9 @@ def near_copies(ids: Sequence[str], texts: Sequence[str], config: ScreenConfig |
         if j >= cfg.threshold:
             pairs.append((ids[keep[a]], ids[keep[b]], round(float(j), 3)))
     return sorted(pairs, key=lambda p: -p[2])
+
+
+def task_near_copies(tasks: Sequence[dict], config: ScreenConfig | None = None) -> list[tuple[str, str, float]]:
+    """`near_copies` of benchmark tasks (schema T): their solutions, the prompt cut off."""
+    return near_copies([t[T.TASK_ID] for t in tasks], [continuation(t[T.PROMPT], t[T.REFERENCE]) for t in tasks],
+                       config)
