@@ -293,7 +293,6 @@ class StageRunner:
         self.console.stage(spec.name, info, summary, cached)
         return info
 
-
     def _run_watched(self, spec: StageSpec, stage: "Stage") -> dict | None:
         """The stage's work, with a progress line now and then where it says how many rows it makes
         (`leakray.progress`)."""

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 from pyarrow import fs as pafs
 
 from leakray.errors import BadInput
+from leakray.progress import PROGRESS_FILE
 from leakray.runs import MARKER, cache_root, output_root
 
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
@@ -79,10 +80,7 @@ def _is_marker(rel: str) -> bool:
 def _skipped(rel: str) -> bool:
     parts = rel.split("/")
     return (any(p in _NOT_MIRRORED for p in parts[:-1]) or bool(_TMP.search(parts[-1]))
-            or parts[-1].startswith(_PROGRESS))
-
-
-_PROGRESS = "_progress.json"  # a running stage's count for its console lines (`leakray.progress`): local only
+            or parts[-1].startswith(PROGRESS_FILE))  # a running stage's count for its console lines: local only
 
 
 class RunStore:
