@@ -450,8 +450,11 @@ def test_a_fine_tunes_spill_over_onto_short_tasks_is_taken_out_before_flagging()
             flagged = res["per_task"]["flagged"]
             assert res["usable"] and abs(res["estimate"] - 33 / 164) <= 0.05 and flagged[member].all()
             fdr[name].append((flagged & ~member).sum() / flagged.sum())
-    # measured: 0.141 raw, 0.096 net of difficulty
-    assert np.mean(fdr["net"]) <= 0.11 < 0.14 <= np.mean(fdr["raw"])
+    # measured: 0.141 raw, 0.096 net of difficulty. The raw side's bar sits below its measurement
+    # (0.12, still over the promised 0.10) so that a library's rounding cannot fail it; the net side
+    # keeps the promise with its own margin
+    assert np.mean(fdr["net"]) <= 0.11 and np.mean(fdr["raw"]) >= 0.12
+    assert np.mean(fdr["raw"]) - np.mean(fdr["net"]) >= 0.03
 
 
 def test_net_of_difficulty_leaves_tasks_without_a_statistic_out_and_reports_its_fit():
