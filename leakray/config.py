@@ -77,6 +77,10 @@ class BenchmarkConfig(Section):
     # "length": every fold holds the same spread of reference lengths (data.folds.assign_folds), so
     # members and non-members differ by membership, not by length
     fold_balance: Literal["none", "length"] = "none"
+    # "together": every split by task (folds, the audit's shadow and planted members, the card's fit
+    # and validation halves) keeps a benchmark's near-copies on one side (screen.siblings: a model
+    # that read one read the other); "ignore": split them as any two tasks (runs before 2026-12-07)
+    near_copies: Literal["together", "ignore"] = "together"
 
     @model_validator(mode="after")
     def _reader_and_path(self):

@@ -45,19 +45,21 @@ def test_short_or_different_texts_are_no_copies():
 
 
 def test_the_report_names_clean_copies_of_flagged_tasks():
-    from leakray.report.audit import benchmark_near_copies, near_copies_words
+    from leakray.report.audit import benchmark_near_copies, near_copies_words, near_copy_pairs
 
     tasks = load_benchmark("humaneval")
     by_id = {t[T.TASK_ID]: t for t in tasks}
     ids = ["HumanEval/0", "HumanEval/56", "HumanEval/61"]
-    c = benchmark_near_copies(by_id, ids, np.array(["clean", "clean", "suspected"]))
+    pairs = near_copy_pairs(by_id, ids)
+    c = benchmark_near_copies(pairs, ids, np.array(["clean", "clean", "suspected"]))
     assert c["of"] == {"HumanEval/56": ["HumanEval/61"], "HumanEval/61": ["HumanEval/56"]}
     assert c["clean_copies_of_flagged"] == ["HumanEval/56"]
     words = near_copies_words(c)
     assert "1 pair: HumanEval/56 ~ HumanEval/61 (0.88)" in words and "1 clean task is a near-copy" in words
-    both = benchmark_near_copies(by_id, ids, np.array(["clean", "suspected", "confirmed"]))
+    both = benchmark_near_copies(pairs, ids, np.array(["clean", "suspected", "confirmed"]))
     assert both["clean_copies_of_flagged"] == [] and "stay" not in near_copies_words(both)
-    assert near_copies_words(benchmark_near_copies(by_id, ids[:2], np.array(["clean", "clean"]))) == ""
+    two = ids[:2]
+    assert near_copies_words(benchmark_near_copies(near_copy_pairs(by_id, two), two, np.array(["clean", "clean"]))) == ""
 
 
 def test_benchmarks_copies_lists_the_pairs_and_refuses_bad_input(tmp_path, capsys):
@@ -98,3 +100,127 @@ def test_the_simulate_report_warns_of_a_near_copy_on_both_sides_of_a_split():
     assert "shadow: member HumanEval/61 ~ non-member HumanEval/56 (0.88)" in line[1]
     assert straddling_line({"near_copies_across_split": {"target": [], "shadow": []}}) == []
     assert straddling_line({}) == []
+
+
+def test_copy_groups_join_pairs_into_groups():
+    from leakray.screen.siblings import copy_groups
+
+    assert copy_groups([("b", "c", 0.9), ("a", "b", 0.8), ("x", "y", 0.7)]) == [["a", "b", "c"], ["x", "y"]]
+    assert copy_groups([]) == []
+
+
+def test_keep_together_moves_a_split_group_and_keeps_every_side_and_stratum():
+    from leakray.data.folds import keep_together
+
+    part = {"a": 0, "b": 1, "c": 1, "d": 0, "e": 0, "f": 1, "g": 0, "h": 1}
+    length = dict(zip(part, (10, 50, 52, 11, 49, 30, 31, 12)))
+    same, swaps = keep_together(part, [["b", "c"], ["a", "d"]], length)  # both groups already on one side
+    assert same == part and swaps == []
+    # a triple with two of its tasks on side 1 goes there; a goes over and the side-1 task of no group
+    # nearest a's length comes back in its place
+    out, swaps = keep_together(part, [["a", "b", "c"]], length)
+    assert out["a"] == out["b"] == out["c"] == 1 and swaps == [("a", "h")] and out["h"] == 0
+    assert sorted(out.values()) == sorted(part.values())
+    # stratified: the trade stays within a's stratum, so each side keeps its strata counts
+    stratum = dict(zip(part, (1, 1, 0, 0, 1, 1, 0, 0)))
+    out, swaps = keep_together(part, [["a", "b"]], length, stratum)
+    assert out["a"] == out["b"] and [stratum[t] for t, _ in swaps] == [stratum[p] for _, p in swaps]
+    for side in (0, 1):
+        assert sorted(stratum[t] for t in out if out[t] == side) == sorted(stratum[t] for t in part if part[t] == side)
+    # nobody to trade with: the group stays split rather than unbalance the sides
+    out, swaps = keep_together({"a": 0, "b": 1}, [["a", "b"]])
+    assert out == {"a": 0, "b": 1} and swaps == []
+
+
+def _straddling(groups, side):
+    return sum(len({side[t] for t in g}) > 1 for g in groups)
+
+
+def test_every_split_keeps_humanevals_near_copies_on_one_side(tmp_path):
+    """HumanEval/56 and /61: the default folds put them in different folds (the target's and the
+    shadow's halves); with `benchmark.near_copies=together` (the default) the folds stage, the
+    audit's shadow and planted splits and the card's halves keep them on one side, at the same sizes."""
+    import io
+    import json
+
+    import pyarrow as pa
+    import pyarrow.compute  # noqa: F401  (pa.compute below)
+
+    from leakray.config import AuditConfig, SimulateConfig
+    from leakray.console import Console
+    from leakray.data.folds import assign_folds
+    from leakray.protocols.audit import split_members
+    from leakray.protocols.card import stratified_half
+    from leakray.protocols.simulate import copy_groups_of, simulate_stages
+    from leakray.runs import StageRunner
+    from leakray.schema import C
+
+    tasks = load_benchmark("humaneval")
+    pair = ["HumanEval/56", "HumanEval/61"]
+    plain = assign_folds(tasks)
+    assert plain[pair[0]] != plain[pair[1]]  # what the default split did before
+    cfg = SimulateConfig()
+    assert copy_groups_of(cfg, tasks) == [pair]
+    (folds_stage,) = [s for s in simulate_stages(cfg, tasks, StageRunner(tmp_path, Console(stream=io.StringIO())), "bwrap")
+                      if getattr(s, "name", None) == "folds"]
+    info = folds_stage.run(tmp_path)
+    folds = json.loads((tmp_path / "folds.json").read_text())
+    assert folds[pair[0]] == folds[pair[1]] and info["near_copy_groups"] == [pair]
+    assert info["sizes"] == [41, 41, 41, 41] and len(info["moved_to_their_copies"]) == 1
+    assert sum(folds[t] != plain[t] for t in folds) == 2  # one trade, nothing else moved
+    ignore = SimulateConfig.model_validate({"benchmark": {"near_copies": "ignore"}})
+    assert copy_groups_of(ignore, tasks) == []
+
+    ids = [t[T.TASK_ID] for t in tasks]
+    length = {t[T.TASK_ID]: len(t[T.REFERENCE]) for t in tasks}
+    for share, seed in ((0.5, 0), (0.5, 1), (0.2, 0), (0.25, 3)):
+        members = set(split_members(ids, share, seed, [pair], length))
+        assert len(members) == round(share * 164) and (pair[0] in members) == (pair[1] in members)
+        assert len(members ^ set(split_members(ids, share, seed))) <= 2  # at most one trade
+    # the card's halves: stratified by membership and the pair on one side
+    members = set(split_members(ids, 0.5, AuditConfig().audit.shadow_seed, [pair], length))
+    shadow = pa.table({C.TASK_ID: ids, C.MEMBER: pa.array([int(t in members) for t in ids], pa.int8()),
+                       C.REFERENCE: [length[t] * "x" for t in ids]})
+    for seed in range(6):
+        fit, val = stratified_half(shadow, 0.5, seed, [pair])
+        fit_ids = set(fit.column(C.TASK_ID).to_pylist())
+        assert (pair[0] in fit_ids) == (pair[1] in fit_ids) and fit.num_rows + val.num_rows == 164
+        plain_fit, _ = stratified_half(shadow, 0.5, seed)
+        assert fit.num_rows == plain_fit.num_rows
+        assert pa.compute.sum(fit.column(C.MEMBER)).as_py() == pa.compute.sum(plain_fit.column(C.MEMBER)).as_py()
+
+
+@pytest.mark.skipif(not (SHARED_BENCHMARKS / "mbjp_release_v1.2.jsonl.gz").exists(), reason="no shared benchmarks")
+def test_mbjps_near_copy_groups_never_straddle_a_split():
+    """MBJP: 66 pairs among 874 tasks; a plain draw splits many of them, the grouped draw none."""
+    from leakray.protocols.audit import split_members
+    from leakray.screen.siblings import task_copy_groups
+
+    tasks = load_benchmark_file("mbjp", str(SHARED_BENCHMARKS / "mbjp_release_v1.2.jsonl.gz"))
+    groups = task_copy_groups(tasks)
+    ids = [t[T.TASK_ID] for t in tasks]
+    length = {t[T.TASK_ID]: len(t[T.REFERENCE]) for t in tasks}
+    plain = set(split_members(ids, 0.5, 0))
+    assert _straddling(groups, {t: t in plain for t in ids}) >= 10  # measured: see docs/SCREEN.md
+    grouped = set(split_members(ids, 0.5, 0, groups, length))
+    assert _straddling(groups, {t: t in grouped for t in ids}) == 0 and len(grouped) == len(plain)
+
+
+def test_crossfit_leaves_out_near_copies_of_the_cards_fit_tasks():
+    from types import SimpleNamespace
+
+    from leakray.report.audit import crossfit_scores
+
+    card = SimpleNamespace(meta={"fit_task_ids": ["a", "b"], "detectors": {"learned": {"spec": {"learns": True}},
+                                                                           "plain": {"spec": {}}}})
+    ids = ["a", "b", "c", "d", "e"]
+    scores = {"learned": np.arange(5.0), "plain": np.arange(5.0)}
+    got = crossfit_scores(card, ids, scores, [("b", "d", 0.9), ("c", "e", 0.8)])
+    assert got["copies_of_fit_tasks"] == ["d"] and got["left_out_tasks"] == 3
+    assert np.isnan(scores["learned"][[0, 1, 3]]).all() and scores["learned"][[2, 4]].tolist() == [2.0, 4.0]
+    assert scores["plain"].tolist() == [0, 1, 2, 3, 4]  # a detector that learns nothing scores every task
+    from leakray.report.audit import _copies_of_fit_words
+
+    assert _copies_of_fit_words(got["copies_of_fit_tasks"]) == \
+        ", none of them a near-copy of a training task (1 such left out: d)"
+    assert _copies_of_fit_words([]) == ""

@@ -1,6 +1,10 @@
-"""Seeded splits by task: never by row, so one task never lands on both sides."""
+"""Seeded splits by task: never by row, so one task never lands on both sides, and (with
+`keep_together`) never a group of near-copies either."""
 
 from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -40,3 +44,42 @@ def assign_folds(tasks: list[dict], n_folds: int = 4, seed: int = 0, balance: st
         dealt = rng.permutation(n_folds) if len(block) == n_folds else rng.permutation(len(block))
         out.update({task: int(f) for task, f in zip(block, dealt)})
     return out
+
+
+def keep_together(part: dict[str, int], groups: Iterable[Sequence[str]], length: dict[str, int] | None = None,
+                  stratum: dict[str, int] | None = None) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """``part`` (task id -> side of a split) with each of ``groups`` on one side, every side's size
+    kept: why, a near-copy of a member is a member in substance (`screen.siblings`), so a split that
+    puts it among the non-members mislabels it, and a detector trained on one copy and scored on the
+    other is scored on its own training text.
+
+    A group spanning sides moves to the side that holds most of it (ties: its first id's side); each
+    task moved there trades places with a task of no group on that side, of the same ``stratum``
+    where one is given (a stratified split stays stratified), nearest in ``length`` (a length-balanced
+    split stays balanced), ties by id. Deterministic: no draw. A split where no group spans sides
+    comes back unchanged. Returns the new map and the trades made (moved task, task traded away);
+    a group with no task left to trade with stays split."""
+    out = dict(part)
+    grouped = {t for g in groups for t in g}
+    traded: set[str] = set()  # a task traded once is not traded back by a later group
+    swaps = []
+    for group in sorted(sorted(g) for g in groups):
+        group = [t for t in group if t in out]
+        sides = Counter(out[t] for t in group)
+        if len(sides) < 2:
+            continue
+        top = max(sides.values())
+        side = next(out[t] for t in group if sides[out[t]] == top)
+        for task in group:
+            if out[task] == side:
+                continue
+            pool = [t for t, p in out.items() if p == side and t not in grouped and t not in traded
+                    and (stratum is None or stratum[t] == stratum[task])]
+            if not pool:
+                continue
+            near = (lambda t: (abs(length[t] - length[task]), t)) if length else (lambda t: (0, t))
+            partner = min(pool, key=near)
+            out[partner], out[task] = out[task], side
+            traded.update((partner, task))
+            swaps.append((task, partner))
+    return out, swaps

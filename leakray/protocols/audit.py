@@ -22,8 +22,8 @@ from leakray.console import Console
 from leakray.data.registry import benchmark_path
 from leakray.detect.card import DetectorCard
 from leakray.errors import BadInput
-from leakray.protocols.simulate import (base_model, collect_config, load_tasks, model_path, preflight_isolation,
-                                        training_text)
+from leakray.protocols.simulate import (base_model, collect_config, copy_groups_of, load_tasks, model_path,
+                                        preflight_isolation, training_text)
 from leakray.protocols.stage_keys import audit_keys, with_keys
 from leakray.runs import (MARKER, StageRunner, StageSpec, Together, content_hash, machine_cpu, machine_use,
                           write_json_atomic)
@@ -35,12 +35,17 @@ CARD_STAGES = ("shadow", "collect_shadow", "card")
 
 
 
-def split_members(ids: list[str], share: float, seed: int) -> list[str]:
-    """A seeded share of the task ids (sorted first, so the draw does not depend on file order)."""
+def split_members(ids: list[str], share: float, seed: int, groups: list[list[str]] = (),
+                  length: dict[str, int] | None = None) -> list[str]:
+    """A seeded share of the task ids (sorted first, so the draw does not depend on file order),
+    each of ``groups`` (near-copies) then on one side (`data.folds.keep_together`), the count kept."""
+    from leakray.data.folds import keep_together
+
     ids = sorted(ids)
     n = int(round(share * len(ids)))
-    pick = np.random.default_rng(seed).permutation(len(ids))[:n]
-    return sorted(ids[i] for i in pick)
+    pick = set(np.random.default_rng(seed).permutation(len(ids))[:n].tolist())
+    side, _ = keep_together({t: int(i in pick) for i, t in enumerate(ids)}, groups, length)
+    return sorted(t for t in ids if side[t])
 
 
 def with_members(table: pa.Table, members: set[str] | None) -> pa.Table:
@@ -64,11 +69,15 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
         return json.loads((runner.dir("split") / "split.json").read_text())
 
     def split_stage(out: Path) -> dict:
-        s = {"shadow_members": split_members(ids, 0.5, a.shadow_seed),
-             "planted_members": split_members(ids, a.member_fraction, a.member_seed) if planted else None}
+        groups, length = copy_groups_of(cfg, tasks), {t[T.TASK_ID]: len(t[T.REFERENCE]) for t in tasks}
+        s = {"shadow_members": split_members(ids, 0.5, a.shadow_seed, groups, length),
+             "planted_members": split_members(ids, a.member_fraction, a.member_seed, groups, length)
+             if planted else None,
+             "near_copy_groups": groups}  # the card's halves keep them together too (protocols/card.py)
         write_json_atomic(out / "split.json", s)
         return {"rows_in": len(ids), "rows_out": len(ids), "shadow_members": len(s["shadow_members"]),
-                "planted_members": None if s["planted_members"] is None else len(s["planted_members"])}
+                "planted_members": None if s["planted_members"] is None else len(s["planted_members"]),
+                "near_copy_groups": len(groups)}
 
     def base_stage(out: Path) -> dict:
         path, stats = base_model(cfg)
@@ -152,7 +161,8 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
 
         shadow = pq.read_table(runner.dir("collect_shadow") / "collection.parquet")
         card = build_card(shadow, cfg, out, storage=runner.run_dir / "ray_train",
-                          meta=card_meta(cfg, tasks, runner.info["base"]["path"]))
+                          meta=card_meta(cfg, tasks, runner.info["base"]["path"]),
+                          groups=split().get("near_copy_groups", []))
         return {"rows_in": shadow.num_rows, "rows_out": card.meta["n_val"], "card_id": card.id,
                 "detectors": card.names}
 

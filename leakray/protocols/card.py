@@ -18,23 +18,35 @@ from leakray.schema import C, S
 SHADOW_TASKS = "shadow_tasks.parquet"
 
 
-def stratified_half(table: pa.Table, share: float, seed: int) -> tuple[pa.Table, pa.Table]:
-    """(fit, validation) rows of a shadow collection, by task, stratified by membership."""
+def stratified_half(table: pa.Table, share: float, seed: int, groups: list[list[str]] = ()
+                    ) -> tuple[pa.Table, pa.Table]:
+    """(fit, validation) rows of a shadow collection (one row a task), stratified by membership,
+    each of ``groups`` (near-copies) on one side: a learned detector validated on a copy of one of its
+    own training tasks would be validated on its training text (`data.folds.keep_together`)."""
     from sklearn.model_selection import train_test_split
+
+    from leakray.data.folds import keep_together
 
     idx = np.arange(table.num_rows)
     y = table.column(C.MEMBER).to_numpy()
     fit, val = train_test_split(idx, test_size=share, stratify=y, random_state=seed)
-    return table.take(pa.array(np.sort(fit))), table.take(pa.array(np.sort(val)))
+    ids, in_val = table.column(C.TASK_ID).to_pylist(), set(val.tolist())
+    length = (dict(zip(ids, map(len, table.column(C.REFERENCE).to_pylist())))
+              if C.REFERENCE in table.column_names else None)
+    side, _ = keep_together({t: int(i in in_val) for i, t in enumerate(ids)}, groups, length,
+                            stratum=dict(zip(ids, y.tolist())))
+    val_mask = np.array([side[t] for t in ids], bool)
+    return table.filter(pa.array(~val_mask)), table.filter(pa.array(val_mask))
 
 
-def build_card(shadow: pa.Table, cfg, out: Path, *, storage: Path, meta: dict) -> DetectorCard:
+def build_card(shadow: pa.Table, cfg, out: Path, *, storage: Path, meta: dict,
+               groups: list[list[str]] = ()) -> DetectorCard:
     from leakray.evaluate.inflation import pass_at_1
     from leakray.protocols.detectors import evaluate_detectors
     from leakray.protocols.simulate import learned_detectors
 
     a, d = cfg.audit, cfg.detect
-    fit, val = stratified_half(shadow, a.validation_share, a.shadow_seed)
+    fit, val = stratified_half(shadow, a.validation_share, a.shadow_seed, groups)
     detectors = learned_detectors(cfg)
     if detectors == "all":  # an audit's reference model is never the oracle: simulate's second one has no place
         from leakray.detect import registry

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from leakray.config import LOCAL_MODELS, SimulateConfig, to_stage
 from leakray.console import Console
-from leakray.data.folds import assign_folds
+from leakray.data.folds import assign_folds, keep_together
 from leakray.data.registry import load_benchmark
 from leakray.data.tasks import continuation, program_of
 from leakray.errors import BadInput
@@ -128,6 +128,15 @@ def evaluated_members(members: list[dict], non_members: list[dict], fraction: fl
     return pick(members, n_mem), pick(non_members, n_non)
 
 
+def copy_groups_of(cfg, tasks: list[dict]) -> list[list[str]]:
+    """The benchmark's near-copy groups that every split keeps on one side (`benchmark.near_copies`)."""
+    if cfg.benchmark.near_copies != "together":
+        return []
+    from leakray.screen.siblings import task_copy_groups
+
+    return task_copy_groups(tasks)
+
+
 def preflight_isolation(cfg: SimulateConfig) -> str:
     """Refuse to run generated code without real isolation unless the user opted in."""
     from leakray.sandbox import isolation as iso
@@ -152,9 +161,12 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
 
     def folds_stage(out: Path) -> dict:
         folds = assign_folds(tasks, cfg.benchmark.folds, cfg.benchmark.fold_seed, cfg.benchmark.fold_balance)
+        groups = copy_groups_of(cfg, tasks)
+        folds, moved = keep_together(folds, groups, {t[T.TASK_ID]: len(t[T.REFERENCE]) for t in tasks})
         write_json_atomic(out / "folds.json", folds)
         sizes = [sum(1 for f in folds.values() if f == i) for i in range(cfg.benchmark.folds)]
-        return {"rows_in": len(tasks), "rows_out": len(folds), "sizes": sizes}
+        return {"rows_in": len(tasks), "rows_out": len(folds), "sizes": sizes,
+                "near_copy_groups": groups, "moved_to_their_copies": [list(m) for m in moved]}
 
     def base_stage(which: str):
         def run(out: Path) -> dict:

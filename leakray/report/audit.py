@@ -133,7 +133,9 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
     access, allowed, skipped_access = by_access(card, target)
     scores, skipped = card.score(target, allowed)
     skipped.update(skipped_access)
-    crossfit = crossfit_scores(card, task_ids, scores)
+    by_id = {t[T.TASK_ID]: t for t in tasks}
+    pairs = near_copy_pairs(by_id, task_ids)
+    crossfit = crossfit_scores(card, task_ids, scores, pairs)
     primary = choose_primary(card, list(scores), a.detector)
     cal = card.calibrator(primary)
     score = scores[primary]
@@ -163,8 +165,7 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
     q_task = _per_task(pq_route, len(task_ids), "q")
     closest, similarity = closest_completion(target)
 
-    by_id = {t[T.TASK_ID]: t for t in tasks}
-    copies = benchmark_near_copies(by_id, task_ids, verdict)
+    copies = benchmark_near_copies(pairs, task_ids, verdict)
     samples = [{
         "task_id": t, "prompt": by_id[t][T.PROMPT], "reference": by_id[t][T.REFERENCE], "closest": closest[i],
         "closest_similarity": similarity[i], "probability": _num(card_result["posterior"][i]),
@@ -229,20 +230,41 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
     return report
 
 
-def crossfit_scores(card: DetectorCard, task_ids: list[str], scores: dict[str, np.ndarray]) -> dict:
-    """No target task is scored by a detector trained on it: a learned detector's scores on the
-    card's fit-half tasks become NaN (left out of its estimate). Returns what was left out."""
+def crossfit_scores(card: DetectorCard, task_ids: list[str], scores: dict[str, np.ndarray],
+                    pairs: list[tuple[str, str, float]] = ()) -> dict:
+    """No target task is scored by a detector trained on it or on a near-copy of it (``pairs``,
+    `near_copy_pairs`): a learned detector's scores on the card's fit-half tasks and their copies
+    become NaN (left out of its estimate). A card whose halves kept near-copies together
+    (`benchmark.near_copies`) has no copy outside its fit half; an older card, or one built on
+    another version of the benchmark, may. Returns what was left out."""
     fit = set(card.meta.get("fit_task_ids") or [])
     if not fit and card.meta.get("benchmark", {}).get("n_tasks") == len(task_ids):  # cards before fit_task_ids
         fit = set(task_ids) - set(card.meta.get("val_task_ids", []))
-    mask = np.array([t in fit for t in task_ids])
+    copies = sorted({b for a, b, _ in pairs if a in fit and b not in fit}
+                    | {a for a, b, _ in pairs if b in fit and a not in fit})
+    mask = np.array([t in fit or t in copies for t in task_ids])
     out = {}
     for name in scores:
         if card.meta["detectors"][name]["spec"].get("learns") and mask.any():
             scores[name] = np.where(mask, np.nan, scores[name])
             out[name] = int(mask.sum())
-    return {"left_out_tasks": int(mask.sum()), "detectors": sorted(out),
-            "why": "learned detectors score only the tasks the card held out from their training"}
+    return {"left_out_tasks": int(mask.sum()), "detectors": sorted(out), "copies_of_fit_tasks": copies,
+            "why": "learned detectors score only the tasks the card held out from their training, and no "
+                   "near-copy of a task they trained on"}
+
+
+def _copies_of_fit_words(copies: list[str] | None) -> str:
+    if not copies:
+        return ""
+    return (f", none of them a near-copy of a training task ({len(copies)} such left out: "
+            f"{', '.join(copies[:5])}{' …' if len(copies) > 5 else ''})")
+
+
+def near_copy_pairs(by_id: dict[str, dict], task_ids: list[str]) -> list[tuple[str, str, float]]:
+    """The audited tasks' near-copy pairs (`screen.siblings`, the screener's bar)."""
+    from leakray.screen.siblings import task_near_copies
+
+    return task_near_copies([by_id[t] for t in task_ids])
 
 
 def chat_api(cfg, collected: dict) -> dict | None:
@@ -369,14 +391,12 @@ def _evidence_text(e: dict | None) -> str:
     return f"near-duplicate in {e['corpus_id']} (Jaccard {e['jaccard']:.2f}, containment {e['containment']:.2f})"
 
 
-def benchmark_near_copies(by_id: dict[str, dict], task_ids: list[str], verdict: np.ndarray) -> dict:
-    """The audited tasks whose solutions nearly copy each other (`screen.siblings`, the screener's
-    bar): a model that saw one saw the other's solution. ``of``: each task's copies; the clean
-    tasks among them whose copy was flagged are named, since the cleaned file keeps them."""
+def benchmark_near_copies(pairs: list[tuple[str, str, float]], task_ids: list[str], verdict: np.ndarray) -> dict:
+    """The audited tasks whose solutions nearly copy each other (``pairs``, `near_copy_pairs`): a
+    model that saw one saw the other's solution. ``of``: each task's copies; the clean tasks among
+    them whose copy was flagged are named, since the cleaned file keeps them."""
     from leakray.screen.index import ScreenConfig
-    from leakray.screen.siblings import task_near_copies
 
-    pairs = task_near_copies([by_id[t] for t in task_ids])
     of: dict[str, list[str]] = {}
     for a, b, _ in pairs:
         of.setdefault(a, []).append(b)
@@ -478,6 +498,7 @@ def render_markdown(r: dict) -> str:
         + ("" if cr.get("usable") else f" — not used: {cr.get('why_unusable')}"),
         f"- cross-fitting: {', '.join(s['crossfit']['detectors']) or 'no learned detector'} scored only the "
         f"{s['n_tasks'] - s['crossfit']['left_out_tasks']} tasks the card held out from their training"
+        + _copies_of_fit_words(s["crossfit"].get("copies_of_fit_tasks"))
         + (f"; {s['shadow_vs_target']['note']}" if s['shadow_vs_target'].get("note") else ""), "",
         f"Verdicts over {s['n_tasks']} samples: {v['confirmed']} confirmed (near-duplicate in the corpus), "
         f"{v['suspected']} suspected ({s['suspected_means']}), {v['clean']} clean."

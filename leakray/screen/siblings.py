@@ -56,6 +56,33 @@ def near_copies(ids: Sequence[str], texts: Sequence[str], config: ScreenConfig |
     return sorted(pairs, key=lambda p: -p[2])
 
 
+def copy_groups(pairs: Sequence[tuple[str, str, float]]) -> list[list[str]]:
+    """The connected groups of near-copy ``pairs`` (a task nearly copying two others joins them),
+    each sorted, sorted by their first id. Tasks in no pair are in no group."""
+    parent: dict[str, str] = {}
+
+    def root(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for a, b, _ in pairs:
+        ra, rb = root(a), root(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    groups: dict[str, list[str]] = defaultdict(list)
+    for x in parent:
+        groups[root(x)].append(x)
+    return sorted(sorted(g) for g in groups.values())
+
+
+def task_copy_groups(tasks: Sequence[dict], config: ScreenConfig | None = None) -> list[list[str]]:
+    """`copy_groups` of a task list's near-copies: what every split by task keeps on one side
+    (`benchmark.near_copies`, `data.folds.keep_together`)."""
+    return copy_groups(task_near_copies(tasks, config))
+
+
 def task_near_copies(tasks: Sequence[dict], config: ScreenConfig | None = None) -> list[tuple[str, str, float]]:
     """`near_copies` of benchmark tasks (schema T): their solutions, the prompt cut off."""
     return near_copies([t[T.TASK_ID] for t in tasks], [continuation(t[T.PROMPT], t[T.REFERENCE]) for t in tasks],
