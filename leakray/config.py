@@ -496,6 +496,9 @@ class AuditSection(Section):
     # the self-calibrated and control routes' statistic net of the task's difficulty and length
     # (selfcal.net_of_difficulty): false: the raw likelihood ratio
     net_of_difficulty: bool = True
+    # the cleaned benchmark file (cleaned/): "drop" also removes a clean task whose near-copy was
+    # flagged (a model that read one read the other's solution: screen.siblings); "keep" keeps it
+    cleaned_near_copies: Literal["drop", "keep"] = "drop"
     # an audit of an endpoint whose plan (`leakray audit --plan`) asks more requests is refused before
     # any stage; None: no cap. A budget, not an input: runs with and without it are the same run
     max_requests: int | None = Field(None, ge=1)

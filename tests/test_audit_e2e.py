@@ -73,6 +73,7 @@ def test_audit_end_to_end_then_reuse_card(ray_head, tmp_path, leakray_cache):
     assert all(0 <= r["probability"] <= 1 for r in samples)
     # near-copies inside the benchmark: none among these 32 tasks (HumanEval's one pair is /56 ~ /61)
     assert s["near_copies"]["pairs"] == [] and all(r["near_copies"] == [] for r in samples)
+    assert s["near_copies"]["dropped"] and report["cleaned"]["near_copies_removed"] == 0  # audit.cleaned_near_copies
     removed = (run / "cleaned" / "removed_ids.txt").read_text().split()
     assert len(removed) == s["inflation"]["n_flagged"] == s["verdicts"]["suspected"] + 1
     assert (run / "cleaned" / "HumanEval.jsonl.gz").exists() and (run / "report.html").exists()

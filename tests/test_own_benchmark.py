@@ -127,6 +127,12 @@ def test_an_audit_of_the_first_tasks_exports_only_those_it_found_clean(tmp_path)
     (tmp_path / "whole").mkdir()
     got = export_cleaned(whole, load_tasks(whole), {"mine/clamp"}, tmp_path / "whole")
     assert got["not_audited"] == 0 and len((tmp_path / "whole" / got["path"]).read_text().splitlines()) == 7
+    # a clean near-copy of a flagged task goes with it (audit.cleaned_near_copies=drop): listed and counted
+    (tmp_path / "copy").mkdir()
+    got = export_cleaned(whole, load_tasks(whole), {"mine/clamp"}, tmp_path / "copy", also=["mine/add", "mine/clamp"])
+    assert got["removed"] == 2 and got["near_copies_removed"] == 1
+    assert (tmp_path / "copy" / "cleaned" / "removed_ids.txt").read_text().split() == ["mine/add", "mine/clamp"]
+    assert "mine/add" not in (tmp_path / "copy" / got["path"]).read_text()
 
 
 def test_two_records_with_one_task_id_are_refused_before_any_work(tmp_path, capsys):

@@ -56,6 +56,8 @@ def test_the_report_names_clean_copies_of_flagged_tasks():
     assert c["clean_copies_of_flagged"] == ["HumanEval/56"]
     words = near_copies_words(c)
     assert "1 pair: HumanEval/56 ~ HumanEval/61 (0.88)" in words and "1 clean task is a near-copy" in words
+    assert "stays in the cleaned file (`audit.cleaned_near_copies=keep`)" in words
+    assert "is removed from the cleaned file with it: HumanEval/56" in near_copies_words({**c, "dropped": True})
     both = benchmark_near_copies(pairs, ids, np.array(["clean", "suspected", "confirmed"]))
     assert both["clean_copies_of_flagged"] == [] and "stay" not in near_copies_words(both)
     two = ids[:2]

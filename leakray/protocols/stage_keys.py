@@ -29,8 +29,8 @@ from leakray.runs import StageSpec, Together, content_hash
 
 COLLECTING = ("sample", "execute", "columns", "embed")
 # read by the audit's report (routes, flags, intervals) only, after every stage
-REPORT_ONLY = ("audit.bootstrap", "audit.detector", "audit.fdr", "audit.lam", "audit.max_width", "audit.net_of_difficulty",
-               "audit.route")
+REPORT_ONLY = ("audit.bootstrap", "audit.cleaned_near_copies", "audit.detector", "audit.fdr", "audit.lam",
+               "audit.max_width", "audit.net_of_difficulty", "audit.route")
 # each adds one stage of its own and is read by no other (the card is keyed by its id instead)
 ADDS_A_STAGE = ("audit.corpus", "audit.control", "audit.rewrites", "audit.rewrite_seed", "audit.card")
 # the model under audit (or the planted one): read by the split, the target's fine-tune and what

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -178,7 +179,9 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
     pq.write_table(pa.Table.from_pylist(samples), run_dir / "samples.parquet")
     pq.write_table(member_scores_table(task_ids, scores, member), run_dir / "scores.parquet")
 
-    export = export_cleaned(cfg, tasks, {t for t, v in zip(task_ids, verdict) if v != "clean"}, run_dir)
+    copies["dropped"] = a.cleaned_near_copies == "drop"
+    export = export_cleaned(cfg, tasks, {t for t, v in zip(task_ids, verdict) if v != "clean"}, run_dir,
+                            also=copies["clean_copies_of_flagged"] if copies["dropped"] else ())
     dmeta = card.meta["detectors"]
     target_auc = truth_check(member, scores)  # once: None unless the target's membership is known
     collected = _stage_info(run_dir, "collect_target")
@@ -417,17 +420,24 @@ def near_copies_words(c: dict | None) -> str:
     kept = ""
     if clean:
         one = len(clean) == 1
+        where = ("is removed from the cleaned file with it" if one else "are removed from the cleaned file with them") \
+            if c.get("dropped") else (f"{'stays' if one else 'stay'} in the cleaned file "
+                                      "(`audit.cleaned_near_copies=keep`)")
         kept = (f"; {len(clean)} clean {'task is a near-copy' if one else 'tasks are near-copies'} of a flagged one "
-                f"and {'stays' if one else 'stay'} in the cleaned file: {', '.join(clean)}")
+                f"and {where}: {', '.join(clean)}")
     return (f" Near-copies inside the benchmark (solutions at Jaccard ≥ {c['threshold']}, the screener's bar): "
             f"{len(pairs)} pair{'' if len(pairs) == 1 else 's'}: {shown}. A model that saw one task of a pair saw the "
             f"other's solution too{kept} (`near_copies` in samples.parquet).")
 
 
-def export_cleaned(cfg, tasks: list[dict], flagged: set[str], run_dir: Path) -> dict:
+def export_cleaned(cfg, tasks: list[dict], flagged: set[str], run_dir: Path, also: Iterable[str] = ()) -> dict:
     """The benchmark file without flagged samples, in its own format, and the removed ids. An audit
     of the first ``benchmark.limit`` tasks judged no other: those are left out too, and counted
-    (``not_audited``), so that the cleaned file holds only tasks the audit found clean."""
+    (``not_audited``), so that the cleaned file holds only tasks the audit found clean. ``also``:
+    clean tasks removed with them (near-copies of flagged ones, `audit.cleaned_near_copies`),
+    listed in removed_ids.txt and counted (``near_copies_removed``)."""
+    also = set(also) - set(flagged)
+    flagged = set(flagged) | also
     from leakray.data.registry import load_benchmark
     from leakray.errors import BadInput
     from leakray.screen.outputs import export_clean
@@ -451,9 +461,11 @@ def export_cleaned(cfg, tasks: list[dict], flagged: set[str], run_dir: Path) -> 
             raise BadInput("the reader recorded no source_row for a flagged task")
         path = export_clean(benchmark_path(cfg.benchmark.name, cfg.benchmark.path), out, rows | not_audited)
         return {"path": str(path.relative_to(run_dir)), "removed": len(removed), "kept": len(tasks) - len(removed),
-                "not_audited": len(not_audited), "removed_ids": "cleaned/removed_ids.txt"}
+                "not_audited": len(not_audited), "near_copies_removed": len(also),
+                "removed_ids": "cleaned/removed_ids.txt"}
     except (BadInput, OSError, ValueError) as exc:
-        return {"path": None, "error": str(exc), "removed": len(removed), "removed_ids": "cleaned/removed_ids.txt"}
+        return {"path": None, "error": str(exc), "removed": len(removed), "near_copies_removed": len(also),
+                "removed_ids": "cleaned/removed_ids.txt"}
 
 
 def _stages(run_dir: Path) -> dict:
