@@ -132,8 +132,38 @@ def test_control_tasks_that_are_benchmark_tasks_are_refused(tmp_path):
     with pytest.raises(BadInput, match="1 control tasks are benchmark tasks too"):
         load_control(f"fresh={path}", bench)
     path.write_text(json.dumps(rows[0]) + "\n")
-    (got,) = load_control(f"fresh={path}", bench)
-    assert got[T.TASK_ID] == "New/0" and got[T.BENCHMARK] == "fresh"
+    (got,), copies = load_control(f"fresh={path}", bench)
+    assert got[T.TASK_ID] == "New/0" and got[T.BENCHMARK] == "fresh" and copies == []
+
+
+def test_control_tasks_that_nearly_copy_a_benchmark_task_are_left_out_and_named(tmp_path):
+    """A control task whose solution is a benchmark solution with one name changed may have been read
+    in substance with it: it would lift the null. Left out, named, and the report says so."""
+    import json
+
+    from leakray.data.registry import load_benchmark
+    from leakray.protocols.control_scores import load_control
+    from leakray.report.audit import _control_line
+
+    bench = load_benchmark("humaneval")[:40]
+    he = {t[T.TASK_ID]: t for t in bench}
+    rows = [{"task_id": f"Fresh/{i}", "prompt": he[f"HumanEval/{i}"][T.PROMPT].replace("def ", "def new_"),
+             "canonical_solution": he[f"HumanEval/{i}"][T.REFERENCE].split(he[f"HumanEval/{i}"][T.PROMPT], 1)[-1],
+             "test": "def check(candidate):\n    assert True\n", "entry_point": "x"} for i in (1, 2)]
+    rows[0]["canonical_solution"] = rows[0]["canonical_solution"].replace("result", "found")  # a near-copy
+    rows[1]["canonical_solution"] = "    return sum(range(10)) + len(str(number)) * 3 - int(number) // 2\n"
+    path = tmp_path / "control.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    kept, copies = load_control(f"fresh={path}", bench)
+    assert [t[T.TASK_ID] for t in kept] == ["Fresh/2"]
+    assert [c[:2] for c in copies] == [["Fresh/1", "HumanEval/1"]] and 0.7 <= copies[0][2] < 1
+    line = _control_line({"n_tested": 40, "n_control": 1, "usable": False, "why_unusable": "too few",
+                          "near_copies_left_out": copies})
+    assert "1 control task left out as near-copies of benchmark tasks, which the target may have read with " \
+           "them (Fresh/1 ~ HumanEval/1)" in line
+    path.write_text(json.dumps(rows[0]) + "\n")
+    with pytest.raises(BadInput, match="every control task nearly copies a benchmark task"):
+        load_control(f"fresh={path}", bench)
 
 
 def test_statistics_read_the_scores_table_per_character():

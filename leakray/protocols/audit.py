@@ -145,7 +145,7 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
         from leakray.executor.runtime import run_task
         from leakray.protocols.control_scores import control_scores, load_control, write_control_scores
 
-        control = load_control(a.control, tasks)
+        control, copies = load_control(a.control, tasks)
         ref = target_reference(cfg)
         args = (tasks, control, target_model(), to_stage(cfg.sample), model_path(cfg, ref))
         # as the rewrite test: the driver may have no GPU, then one Ray task holds both models in turn
@@ -154,7 +154,8 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
         scored = sum(1 for r, s in zip(table.column(K.REASON).to_pylist(), table.column(K.SET).to_pylist())
                      if not r and s == "control")
         return {"rows_in": len(tasks) + len(control), "rows_out": table.num_rows, "control_tasks": len(control),
-                "control_scored": scored, "reference_model": ref}
+                "control_scored": scored, "reference_model": ref,
+                "near_copies_left_out": copies}  # control tasks nearly copying a benchmark task (load_control)
 
     def card_stage(out: Path) -> dict:
         from leakray.protocols.card import build_card
@@ -345,7 +346,7 @@ def run_audit(cfg: AuditConfig, console: Console | None = None, card_only: bool 
     if cfg.audit.control and not card_only:  # read before any work: a bad control set fails now, not hours later
         from leakray.protocols.control_scores import load_control
 
-        control = load_control(cfg.audit.control, tasks)
+        control, _ = load_control(cfg.audit.control, tasks)
         # the run is keyed by the control set's content too: another file at the same path is another audit
         control_rows = [[t[T.TASK_ID], t[T.PROMPT], t[T.REFERENCE]] for t in control]
         digest, control_digest = content_hash(digest, control_rows), content_hash(control_rows)

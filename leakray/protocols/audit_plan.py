@@ -73,7 +73,7 @@ def audit_requests(cfg: AuditConfig, tasks: list[dict]) -> RequestPlan:
     if a.control:
         from leakray.protocols.control_scores import load_control
 
-        plan.parts.append(control_requests(tasks, load_control(a.control, tasks)))
+        plan.parts.append(control_requests(tasks, load_control(a.control, tasks)[0]))
     return plan
 
 

@@ -23,10 +23,13 @@ from leakray.protocols.rewrite_scores import reference_scores
 from leakray.schema import K, T, control_scores_schema
 
 
-def load_control(spec: str, benchmark: list[dict]) -> list[dict]:
+def load_control(spec: str, benchmark: list[dict]) -> tuple[list[dict], list[list]]:
     """Control tasks from ``NAME=PATH`` (a reader name or a label; the format is sniffed) or a
-    registered benchmark name. A control task that is also a benchmark task (same prompt or same
-    solution) would be scored as clean while it may have leaked: refused."""
+    registered benchmark name, and the ones left out. A control task that is also a benchmark task
+    (same prompt or same solution) would be scored as clean while it may have leaked: refused, the
+    user gave the wrong set. One whose solution nearly copies a benchmark task's (`screen.siblings`,
+    the screener's bar) may have been read in substance with it, which would lift the null the
+    benchmark is tested against: left out, and returned as [control id, benchmark id, Jaccard]."""
     from leakray.data.registry import load_benchmark, load_benchmark_file
 
     name, _, path = spec.partition("=")
@@ -39,7 +42,30 @@ def load_control(spec: str, benchmark: list[dict]) -> list[dict]:
     if shared:
         raise BadInput(f"{len(shared)} control tasks are benchmark tasks too (e.g. {shared[0]}): control tasks must be "
                        "ones the target cannot have seen", field="audit.control")
-    return tasks
+    copies = control_copies(tasks, benchmark)
+    left_out = {c for c, _, _ in copies}
+    kept = [t for t in tasks if t[T.TASK_ID] not in left_out]
+    if not kept:
+        raise BadInput(f"every control task nearly copies a benchmark task (e.g. {copies[0][0]} ~ {copies[0][1]}): "
+                       "control tasks must be ones the target cannot have seen", field="audit.control")
+    return kept, copies
+
+
+def control_copies(control: list[dict], benchmark: list[dict]) -> list[list]:
+    """[control id, benchmark id, Jaccard] of each control task whose solution nearly copies a
+    benchmark task's (its closest one), highest first. Ids are tagged by set, since a control file may reuse a
+    benchmark's ids."""
+    from leakray.screen.siblings import task_near_copies
+
+    tagged = [{**t, T.TASK_ID: f"b:{t[T.TASK_ID]}"} for t in benchmark] + \
+        [{**t, T.TASK_ID: f"c:{t[T.TASK_ID]}"} for t in control]
+    out, seen = [], set()
+    for a, b, j in task_near_copies(tagged):  # highest first: a control task's closest copy is kept
+        sides = {a[0]: a[2:], b[0]: b[2:]}
+        if set(sides) == {"b", "c"} and sides["c"] not in seen:
+            seen.add(sides["c"])
+            out.append([sides["c"], sides["b"], j])
+    return out
 
 
 def score_whole(model_path: str, sample: SampleConfig, tasks: list[dict]) -> list[tuple[float, float]]:

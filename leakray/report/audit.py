@@ -149,6 +149,8 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
                                 n_boot=min(a.bootstrap, 200), max_width=a.max_width)
     selfcal_result = self_calibrated(target, a)
     control_result = control_route(run_dir, task_ids, a)
+    if control_result is not None:  # control tasks left out as near-copies of benchmark tasks (load_control)
+        control_result["near_copies_left_out"] = _stage_info(run_dir, "control_scores").get("near_copies_left_out", [])
     decision = decide(selfcal_result, card_result, a.route, card_leak=card.meta["shadow"].get("leak"),
                       control_result=control_result)
     suspected = flags_of(decision, selfcal_result, card_result, len(task_ids), control_result) & ~confirmed
@@ -555,7 +557,16 @@ def _control_line(c: dict) -> str:
                f"{test['p']:.2g}" if test and c.get("detected") is not None else "–")
             + (f"; control tasks like the benchmark's (KS p {ex['reference_loglik_per_char']['p']:.2g} on the reference "
                f"model's likelihood, {ex['log_length']['p']:.2g} on length)" if ex.get("ok") else "")
-            + ("" if c.get("usable") else f" — not used: {c.get('why_unusable')}"))
+            + ("" if c.get("usable") else f" — not used: {c.get('why_unusable')}")
+            + _left_out_words(c.get("near_copies_left_out")))
+
+
+def _left_out_words(copies: list | None) -> str:
+    if not copies:
+        return ""
+    shown = ", ".join(f"{c} ~ {b}" for c, b, _ in copies[:3]) + (" …" if len(copies) > 3 else "")
+    return (f"; {len(copies)} control task{'' if len(copies) == 1 else 's'} left out as near-copies of benchmark "
+            f"tasks, which the target may have read with them ({shown})")
 
 
 def closest_completion(table: pa.Table) -> tuple[list[str | None], list[float | None]]:
