@@ -3,7 +3,7 @@ stop rule checked against it. Proves a reader's tasks are harness-ready, and tha
 reproduced a reference verbatim would keep all of it and pass.
 
 `leakray benchmarks copies <name-or-path>`: the pairs of tasks whose reference solutions nearly copy
-each other (`screen/siblings.py`, the screener's bar); a model that saw one saw the other. Exit
+each other (`screen/siblings.py`: Jaccard >= 0.7 of 5-token shingles); a model that saw one saw the other. Exit
 status 0 (pairs or none), 2 for unusable input.
 
 Exit status: 0 when every reference passes and no task breaks the stop rule (failures listed
@@ -34,7 +34,10 @@ def register(sub) -> None:
     c = bsub.add_parser("copies", help="pairs of tasks whose solutions nearly copy each other (one leak, two ids)")
     c.add_argument("spec", help="a registered name (humaneval), a file (format sniffed), or NAME=PATH")
     c.add_argument("--threshold", type=float, default=None,
-                   help="Jaccard of the solutions' token bigrams (default: the screener's, 0.7)")
+                   help="Jaccard of the solutions' token shingles (default 0.7, the screener's)")
+    c.add_argument("--ngram", type=int, default=None,
+                   help="tokens per shingle (default 5: at the screener's 2, short solutions that share their "
+                        "language's idioms read as copies; screen/siblings.py)")
     c.add_argument("--output", help="also write the pairs here (.jsonl: one {a, b, jaccard} per line)")
     c.set_defaults(func=copies)
 
@@ -145,11 +148,11 @@ def copies(args) -> int:
     from dataclasses import replace
 
     from leakray.errors import BadInput
-    from leakray.screen.index import ScreenConfig
-    from leakray.screen.siblings import task_near_copies
+    from leakray.screen.siblings import SIBLINGS, task_near_copies
 
     try:
-        cfg = ScreenConfig() if args.threshold is None else replace(ScreenConfig(), threshold=args.threshold)
+        cfg = replace(SIBLINGS, **{k: v for k, v in (("threshold", args.threshold), ("ngram", args.ngram))
+                                   if v is not None})
         tasks = load_spec(args.spec)
     except (BadInput, OSError, ValueError) as exc:
         print(f"leakray benchmarks copies: {exc}", file=sys.stderr)
@@ -159,7 +162,7 @@ def copies(args) -> int:
         print(f"{a}\t{b}\t{j:.3f}")
     in_pairs = len({t for a, b, _ in pairs for t in (a, b)})
     print(f"{len(pairs)} pair{'' if len(pairs) == 1 else 's'} of near-copies among {len(tasks)} tasks "
-          f"({in_pairs} tasks in a pair; solutions at Jaccard >= {cfg.threshold} of their token bigrams)",
+          f"({in_pairs} tasks in a pair; solutions at Jaccard >= {cfg.threshold} of their {cfg.ngram}-token shingles)",
           file=sys.stderr)
     if args.output:
         Path(args.output).write_text("".join(json.dumps({"a": a, "b": b, "jaccard": j}) + "\n" for a, b, j in pairs))

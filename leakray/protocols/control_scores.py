@@ -27,8 +27,8 @@ def load_control(spec: str, benchmark: list[dict]) -> tuple[list[dict], list[lis
     """Control tasks from ``NAME=PATH`` (a reader name or a label; the format is sniffed) or a
     registered benchmark name, and the ones left out. A control task that is also a benchmark task
     (same prompt or same solution) would be scored as clean while it may have leaked: refused, the
-    user gave the wrong set. One whose solution nearly copies a benchmark task's (`screen.siblings`,
-    the screener's bar) may have been read in substance with it, which would lift the null the
+    user gave the wrong set. One whose solution nearly copies a benchmark task's (`screen.siblings`)
+    may have been read in substance with it, which would lift the null the
     benchmark is tested against: left out, and returned as [control id, benchmark id, Jaccard]."""
     from leakray.data.registry import load_benchmark, load_benchmark_file
 

@@ -266,7 +266,7 @@ def _copies_of_fit_words(copies: list[str] | None) -> str:
 
 
 def near_copy_pairs(by_id: dict[str, dict], task_ids: list[str]) -> list[tuple[str, str, float]]:
-    """The audited tasks' near-copy pairs (`screen.siblings`, the screener's bar)."""
+    """The audited tasks' near-copy pairs (`screen.siblings`)."""
     from leakray.screen.siblings import task_near_copies
 
     return task_near_copies([by_id[t] for t in task_ids])
@@ -400,7 +400,7 @@ def benchmark_near_copies(pairs: list[tuple[str, str, float]], task_ids: list[st
     """The audited tasks whose solutions nearly copy each other (``pairs``, `near_copy_pairs`): a
     model that saw one saw the other's solution. ``of``: each task's copies; the clean tasks among
     them whose copy was flagged are named, since the cleaned file keeps them."""
-    from leakray.screen.index import ScreenConfig
+    from leakray.screen.siblings import SIBLINGS
 
     of: dict[str, list[str]] = {}
     for a, b, _ in pairs:
@@ -408,7 +408,7 @@ def benchmark_near_copies(pairs: list[tuple[str, str, float]], task_ids: list[st
         of.setdefault(b, []).append(a)
     flagged = {t for t, v in zip(task_ids, verdict) if v != "clean"}
     clean = [t for t in task_ids if t in of and t not in flagged and any(o in flagged for o in of[t])]
-    return {"threshold": ScreenConfig().threshold, "pairs": [list(p) for p in pairs], "of": of,
+    return {"threshold": SIBLINGS.threshold, "ngram": SIBLINGS.ngram, "pairs": [list(p) for p in pairs], "of": of,
             "clean_copies_of_flagged": clean}
 
 
@@ -427,7 +427,8 @@ def near_copies_words(c: dict | None) -> str:
                                       "(`audit.cleaned_near_copies=keep`)")
         kept = (f"; {len(clean)} clean {'task is a near-copy' if one else 'tasks are near-copies'} of a flagged one "
                 f"and {where}: {', '.join(clean)}")
-    return (f" Near-copies inside the benchmark (solutions at Jaccard ≥ {c['threshold']}, the screener's bar): "
+    return (f" Near-copies inside the benchmark (solutions at Jaccard ≥ {c['threshold']} of their "
+            f"{c.get('ngram', 2)}-token shingles): "
             f"{len(pairs)} pair{'' if len(pairs) == 1 else 's'}: {shown}. A model that saw one task of a pair saw the "
             f"other's solution too{kept} (`near_copies` in samples.parquet).")
 

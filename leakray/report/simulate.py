@@ -152,8 +152,9 @@ def straddling_line(r: dict) -> list[str]:
         return []
     words = "; ".join(f"{role}: " + ", ".join(f"member {m} ~ non-member {n} ({j:.2f})" for m, n, j in pairs)
                       for role, pairs in sorted(found.items()))
-    return ["", "Near-copies across the split (solutions at the screener's Jaccard bar, 0.7): the non-member of each "
-                f"pair was read in substance, and the detectors' rates count it as unseen — {words}."]
+    return ["", "Near-copies across the split (solutions at Jaccard ≥ 0.7 of 5-token shingles, screen/siblings.py): "
+                "the non-member of each pair was read in substance, and the detectors' rates count it as unseen — "
+                f"{words}."]
 
 
 def write_report(run_dir: Path, cfg: dict, timings: dict) -> dict:

@@ -1,11 +1,18 @@
 """Near-copies inside one benchmark: tasks whose solutions are nearly the same text.
 
 A model that read one task of such a pair has read the other's solution too: HumanEval/56 and
-HumanEval/61 are the same bracket-matching function with ``<>`` for ``()`` (Jaccard 0.88 of their
-token bigrams). So an audit that flags one of them, or a cleaned benchmark that drops one, says
-something about the other. The bar is the screener's own (`ScreenConfig`: Jaccard >= 0.7 on
-2-gram token shingles, no text under 8 shingles), so "near-copy" means here what a corpus hit
-means there.
+HumanEval/61 are the same bracket-matching function with ``<>`` for ``()``. So an audit that flags
+one of them, or a cleaned benchmark that drops one, says something about the other, and a split
+that puts them on two sides mislabels one.
+
+The bar (`SIBLINGS`): Jaccard >= 0.7 of the solutions' 5-token shingles, no text under 8 shingles.
+Not the screener's 2-token shingles: a benchmark's short solutions share its language's idioms
+(``for (int i = 0; i < list.size(); i++) { ... result.add(...) }``), and at 2 tokens MBJP's
+"remove odd numbers", "find even numbers" and "numbers divisible by m and n" read as copies of each
+other (66 pairs, 13 tasks in one chain). A run of 5 tokens is specific to the text: MBJP keeps 3
+pairs (one solution under "counting sort" and "shell sort"; sums of odd and of even numbers; two
+pair counts differing in one condition), HumanEval its one (0.74 at 5 tokens, 0.88 at 2)
+(docs/SCREEN.md, "Near-copies inside one benchmark").
 
 Candidates come from MinHash LSH over the solutions (the screener's vectorised signatures,
 32 bands of 4 rows: a pair at the bar is a candidate with probability 0.9998), then every
@@ -27,13 +34,14 @@ from leakray.screen.shingle import shingle_batch
 from leakray.screen.verify import jaccard_exact
 
 BANDS, ROWS = 32, 4
+SIBLINGS = ScreenConfig(ngram=5)  # the screener's threshold and minimum size, on 5-token shingles (why: above)
 
 
 def near_copies(ids: Sequence[str], texts: Sequence[str], config: ScreenConfig | None = None
                 ) -> list[tuple[str, str, float]]:
-    """Pairs (id_a, id_b, Jaccard) of texts at or above ``config.threshold``, id_a before id_b in
-    ``ids``' order, sorted by Jaccard (highest first)."""
-    cfg = config or ScreenConfig()
+    """Pairs (id_a, id_b, Jaccard) of texts at or above ``config.threshold`` (default `SIBLINGS`),
+    id_a before id_b in ``ids``' order, sorted by Jaccard (highest first)."""
+    cfg = config or SIBLINGS
     if len(ids) != len(texts):
         raise ValueError(f"{len(ids)} ids for {len(texts)} texts")
     sets = shingle_batch(list(texts), ngram=cfg.ngram)
