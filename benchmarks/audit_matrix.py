@@ -90,7 +90,7 @@ def control_split(tasks: list[dict], out: Path) -> tuple[list[dict], Path, Path]
     from leakray.protocols.audit import split_members
     from leakray.schema import T
 
-    control = set(split_members([t[T.TASK_ID] for t in tasks], CONTROL_SHARE, CONTROL_SEED))
+    control = set(split_members([t[T.TASK_ID] for t in tasks], CONTROL_SHARE, CONTROL_SEED, *copy_groups(tasks)))
     with gzip.open(packaged_path(), "rt") as fh:
         raw = [json.loads(line) for line in fh if line.strip()]
     d = out / "control"
@@ -99,6 +99,17 @@ def control_split(tasks: list[dict], out: Path) -> tuple[list[dict], Path, Path]
     bench.write_text("".join(json.dumps(r) + "\n" for r in raw if r["task_id"] not in control))
     ctrl.write_text("".join(json.dumps(r) + "\n" for r in raw if r["task_id"] in control))
     return [t for t in tasks if t[T.TASK_ID] not in control], bench, ctrl
+
+
+def copy_groups(tasks: list[dict]) -> tuple[list[list[str]], dict[str, int]]:
+    """The benchmark's near-copy groups and reference lengths, for `split_members`: a split keeps
+    each group on one side, as the audit's own splits do (`benchmark.near_copies`), so that a
+    target's truth never calls a member's near-copy unseen and no control task copies a member."""
+    from leakray.config import AuditConfig
+    from leakray.protocols.simulate import copy_groups_of
+    from leakray.schema import T
+
+    return copy_groups_of(AuditConfig(), tasks), {t[T.TASK_ID]: len(t[T.REFERENCE]) for t in tasks}
 
 
 def base_path(cfg, which: str) -> str:
@@ -112,14 +123,16 @@ def build_target(name: str, spec: tuple, cfg, tasks: list[dict], out: Path) -> d
     from leakray.config import to_stage
     from leakray.protocols.audit import split_members
     from leakray.protocols.simulate import training_text
-    from leakray.runs import write_json_atomic
+    from leakray.runs import content_hash, write_json_atomic
     from leakray.schema import T
 
     base, how, fraction, dose, _ = spec
-    members = split_members([t[T.TASK_ID] for t in tasks], fraction, MEMBER_SEED)
+    members = split_members([t[T.TASK_ID] for t in tasks], fraction, MEMBER_SEED, *copy_groups(tasks))
     key = f"{base}-{how}-{fraction}-{dose}" if how not in ("none", "endpoint") else f"{base}-clean"
     if name.startswith("ctrl-") and how not in ("none", "endpoint"):
         key = f"ctrl-{key}"  # members drawn from the control rows' benchmark, not from all 164 tasks
+    if how not in ("none", "endpoint"):  # a stored target is reused only for the members it was trained on
+        key = f"{key}-{content_hash(members)[:8]}"
     model = out / "targets" / key
     texts = [training_text(t) for t in tasks if t[T.TASK_ID] in set(members)]
     if how in ("none", "endpoint"):
