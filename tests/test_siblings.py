@@ -194,6 +194,7 @@ def test_every_split_keeps_humanevals_near_copies_on_one_side(tmp_path):
     folds = json.loads((tmp_path / "folds.json").read_text())
     assert folds[pair[0]] == folds[pair[1]] and info["near_copy_groups"] == [pair]
     assert info["sizes"] == [41, 41, 41, 41] and len(info["moved_to_their_copies"]) == 1
+    assert folds_stage.summary(info).endswith("1 group(s) of near-copies each in one fold (1 task(s) traded)")
     assert sum(folds[t] != plain[t] for t in folds) == 2  # one trade, nothing else moved
     ignore = SimulateConfig.model_validate({"benchmark": {"near_copies": "ignore"}})
     assert copy_groups_of(ignore, tasks) == []

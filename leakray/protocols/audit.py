@@ -185,7 +185,9 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
 
     stages = [  # the base is cheap when cached, and every path needs it: shadow, planted target, reference model
         StageSpec("split", split_stage, lambda i: f"shadow sees {i['shadow_members']} tasks"
-                  + ("" if i["planted_members"] is None else f", planted target {i['planted_members']}")),
+                  + ("" if i["planted_members"] is None else f", planted target {i['planted_members']}")
+                  + (f"; {i['near_copy_groups']} group(s) of near-copies kept on one side"
+                     if i.get("near_copy_groups") else "")),
         StageSpec("base", base_stage, lambda i: f"{i['path']}"),
         *([collection.perturb_spec(cfg, tasks)] if collection.wants_advprompt(cfg) else []),
     ]

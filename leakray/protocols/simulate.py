@@ -266,7 +266,9 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
                 "detectors": sorted(result["median"])}
 
     stages = [
-        StageSpec("folds", folds_stage, lambda i: f"D1..D4 sizes {i['sizes']}"),
+        StageSpec("folds", folds_stage, lambda i: f"D1..D4 sizes {i['sizes']}" + (
+            f"; {len(i['near_copy_groups'])} group(s) of near-copies each in one fold "
+            f"({len(i['moved_to_their_copies'])} task(s) traded)" if i.get("near_copy_groups") else "")),
         *([collection.perturb_spec(cfg, tasks)] if collection.wants_advprompt(cfg) else []),
         StageSpec("base", base_stage("base"), lambda i: f"{i['path']} (val loss {i['stats'].get('val_loss', '?')})"),
         *([StageSpec("shadow_base", base_stage("shadow_base"), lambda i: f"shadow's own base {i['path']} "
