@@ -84,7 +84,8 @@ def test_the_report_names_clean_copies_of_flagged_tasks():
     both = benchmark_near_copies(pairs, ids, np.array(["clean", "suspected", "confirmed"]))
     assert both["clean_copies_of_flagged"] == [] and "stay" not in near_copies_words(both)
     two = ids[:2]
-    assert near_copies_words(benchmark_near_copies(near_copy_pairs(by_id, two), two, np.array(["clean", "clean"]))) == ""
+    none = benchmark_near_copies(near_copy_pairs(by_id, two), two, np.array(["clean", "clean"]))
+    assert near_copies_words(none) == ""
 
 
 def test_benchmarks_copies_lists_the_pairs_and_refuses_bad_input(tmp_path, capsys):
@@ -188,8 +189,8 @@ def test_every_split_keeps_humanevals_near_copies_on_one_side(tmp_path):
     assert plain[pair[0]] != plain[pair[1]]  # what the default split did before
     cfg = SimulateConfig()
     assert copy_groups_of(cfg, tasks) == [pair]
-    (folds_stage,) = [s for s in simulate_stages(cfg, tasks, StageRunner(tmp_path, Console(stream=io.StringIO())), "bwrap")
-                      if getattr(s, "name", None) == "folds"]
+    runner = StageRunner(tmp_path, Console(stream=io.StringIO()))
+    (folds_stage,) = [s for s in simulate_stages(cfg, tasks, runner, "bwrap") if getattr(s, "name", None) == "folds"]
     info = folds_stage.run(tmp_path)
     folds = json.loads((tmp_path / "folds.json").read_text())
     assert folds[pair[0]] == folds[pair[1]] and info["near_copy_groups"] == [pair]

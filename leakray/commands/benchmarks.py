@@ -3,8 +3,8 @@ stop rule checked against it. Proves a reader's tasks are harness-ready, and tha
 reproduced a reference verbatim would keep all of it and pass.
 
 `leakray benchmarks copies <name-or-path>`: the pairs of tasks whose reference solutions nearly copy
-each other (`screen/siblings.py`: Jaccard >= 0.7 of 5-token shingles); a model that saw one saw the other. Exit
-status 0 (pairs or none), 2 for unusable input.
+each other (`screen/siblings.py`: Jaccard >= 0.7 of 5-token shingles); a model that saw one saw the
+other. Exit status 0 (pairs or none), 2 for unusable input.
 
 Exit status: 0 when every reference passes and no task breaks the stop rule (failures listed
 with `--allow-known` are reported but allowed), 1 otherwise, 2 for unusable input."""
