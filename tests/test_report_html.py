@@ -277,6 +277,12 @@ def test_the_control_route_card_shows_numbers_only_where_its_null_held():
     broken = {**held, "detected": None, "why_unusable": "the control tasks are not the benchmark's kind"}
     page = rh.render_audit({"summary": {"control": broken}}, [])
     assert "22.9%" not in page and "Mann–Whitney" not in page and "not the benchmark&#x27;s kind" in page
+    # control tasks left out as near-copies of benchmark tasks (load_control): named, escaped; a malformed list refused
+    page = rh.render_audit({"summary": {"control": {**held, "near_copies_left_out": [["Fresh/1", HOSTILE, 0.8]]}}}, [])
+    assert "1 control task left out as near-copies of benchmark tasks: Fresh/1 ~ &lt;/pre&gt;" in page
+    assert "<script>window.__pwned" not in page
+    with pytest.raises(BadInput, match="control.near_copies_left_out"):
+        rh.render_audit({"summary": {"control": {**held, "near_copies_left_out": "Fresh/1"}}}, [])
 
 
 def test_a_run_of_fewer_advprompt_kinds_says_so_in_the_page():

@@ -202,6 +202,17 @@ def _safe_plot(caption: str, make: Callable[[], str]) -> str:
         return f'<p class="note">Plot “{escape(caption)}” skipped: {escape(why)}</p>'
 
 
+
+def _left_out_html(copies) -> str:
+    """The control tasks the audit left out as near-copies of benchmark tasks (`load_control`)."""
+    if not copies:
+        return ""
+    if not isinstance(copies, list) or not all(isinstance(c, list) and len(c) >= 2 for c in copies):
+        raise BadInput(f"expected [control id, benchmark id, Jaccard] rows, got {copies!r}",
+                       field="control.near_copies_left_out")
+    return (f"<br>{len(copies)} control task{'' if len(copies) == 1 else 's'} left out as near-copies of benchmark "
+            "tasks: " + escape(", ".join(f"{c[0]} ~ {c[1]}" for c in copies)))
+
 def _card(key: str, value: str, sub: str = "") -> str:
     return f'<div class="card"><div class="k">{escape(key)}</div><div class="v">{value}</div>' \
            f'<div class="s">{sub}</div></div>'
@@ -303,7 +314,8 @@ def _summary_cards(summary: Mapping) -> str:
                                             f"{fmt(ctl.get('n_control'))} control tasks") if x)
                      + (f"<br>benchmark &gt; control: Mann–Whitney p {fmt((ctl.get('test') or {}).get('p'))}; at least "
                         f"{pct(ctl.get('lower_bound'))} (one-sided 95%)" if valid else "")
-                     + ("" if ctl.get("usable") else f"<br>{escape(str(ctl.get('why_unusable')))}"))] if ctl else []
+                     + ("" if ctl.get("usable") else f"<br>{escape(str(ctl.get('why_unusable')))}")
+                     + _left_out_html(ctl.get("near_copies_left_out")))] if ctl else []
     routes = _card("the two routes", f"{pct(sc.get('estimate'))} / {pct(cr.get('estimate'))}",
                    f"self-calibrated (reference model {escape(str(summary.get('reference_model')))}) / card ("
                    + ("transfers" if (cr.get("transfer") or {}).get("ok") else "does not transfer") + ")"
