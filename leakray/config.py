@@ -385,7 +385,10 @@ class RayConfig(Section):
 # key stays out of the hash, so the runs made before it (and the stages other runs adopt from
 # them) keep their keys; another value is another run.
 ADDED_LATER = {("benchmark", "fold_balance"): "none", ("sample", "max_n"): 128, ("sample", "endpoint_api"): "completions",
-               ("sample", "chat_extra_tokens"): 32}
+               ("sample", "chat_extra_tokens"): 32,
+               # the old behaviour, not the default: a run made before keeps its key only when asked to
+               # split and clean as it did (near-copies apart, kept in the cleaned file)
+               ("benchmark", "near_copies"): "ignore", ("audit", "cleaned_near_copies"): "keep"}
 # How often a collection tries a failed row again: a retried row is sampled with its own seed, as
 # the first attempt was, so what a row holds does not depend on these, only whether it is lost. A
 # resumed run with another value is the same run.
@@ -459,7 +462,7 @@ class SimulateConfig(Section):
             # them imports no detector.
             out["detect"]["detectors"] = registry.names()
         for (section, key), before in ADDED_LATER.items():
-            if out[section][key] == before:
+            if section in out and out[section].get(key) == before:  # the audit's keys: not in simulate's config
                 del out[section][key]
         return out
 

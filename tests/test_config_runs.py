@@ -137,6 +137,16 @@ def test_content_hash_ignores_key_order_and_sees_values():
     # a key added later keeps the runs made before it on their keys while it is at its old behaviour
     assert "fold_balance" not in SimulateConfig().hashed()["benchmark"]
     assert SimulateConfig().hashed() != load_config([], ["benchmark.fold_balance=length"]).hashed()
+    # near-copies kept together changed what every split does: the default is a new key, and the old
+    # behaviour ("ignore", "keep") the old one
+    assert SimulateConfig().hashed()["benchmark"]["near_copies"] == "together"
+    assert "near_copies" not in load_config([], ["benchmark.near_copies=ignore"]).hashed()["benchmark"]
+    from leakray.config import AUDIT_DEFAULTS, AuditConfig
+
+    audit = load_config([AUDIT_DEFAULTS], [], AuditConfig).hashed()["audit"]
+    assert audit["cleaned_near_copies"] == "drop"
+    assert "cleaned_near_copies" not in load_config([AUDIT_DEFAULTS], ["audit.cleaned_near_copies=keep"],
+                                                    AuditConfig).hashed()["audit"]
 
 
 def test_stage_marker(tmp_path):
