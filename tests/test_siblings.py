@@ -104,6 +104,22 @@ def test_benchmarks_copies_lists_the_pairs_and_refuses_bad_input(tmp_path, capsy
     assert len(got.out.splitlines()) == 4 and "2-token shingles" in got.err  # /55 ~ /63, /108 ~ /145, /40 ~ /43 too
     assert main(["benchmarks", "copies", "humaneval", "--threshold", "1.5"]) == 2
     assert main(["benchmarks", "copies", "humaneval", "--ngram", "0"]) == 2
+    capsys.readouterr()
+    # --against: a private split checked against the public benchmark (each task with its closest copy)
+    he1 = next(t for t in load_benchmark("humaneval") if t[T.TASK_ID] == "HumanEval/1")
+    body = continuation(he1[T.PROMPT], he1[T.REFERENCE])
+    rows = [{"task_id": "Mine/0", "prompt": he1[T.PROMPT], "canonical_solution": body.replace("result", "found"),
+             "test": "def check(candidate):\n    assert True\n", "entry_point": "separate_paren_groups"},
+            {"task_id": "Mine/1", "prompt": "def g(xs):\n",
+             "canonical_solution": "    return sorted(set(x * 3 - 1 for x in xs if x % 7), reverse=True)[:5]\n",
+             "test": "def check(candidate):\n    assert True\n", "entry_point": "g"}]
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["benchmarks", "copies", "humaneval", "--against", f"mine={mine}"]) == 0
+    got = capsys.readouterr()
+    assert [line.split("\t")[:2] for line in got.out.splitlines()] == [["Mine/0", "HumanEval/1"]]
+    assert f"1 of 2 tasks of mine={mine} nearly copy a task of humaneval" in got.err
+    assert main(["benchmarks", "copies", "humaneval", "--against", str(tmp_path / "missing.jsonl")]) == 2
     assert main(["benchmarks", "copies", str(tmp_path / "missing.jsonl")]) == 2
     assert "neither a registered benchmark" in capsys.readouterr().err
 

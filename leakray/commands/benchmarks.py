@@ -4,7 +4,8 @@ reproduced a reference verbatim would keep all of it and pass.
 
 `leakray benchmarks copies <name-or-path>`: the pairs of tasks whose reference solutions nearly copy
 each other (`screen/siblings.py`: Jaccard >= 0.7 of 5-token shingles); a model that saw one saw the
-other. Exit status 0 (pairs or none), 2 for unusable input.
+other. With `--against OTHER`: the tasks of OTHER (a private split, control tasks) that nearly copy
+one of the benchmark's. Exit status 0 (pairs or none), 2 for unusable input.
 
 Exit status: 0 when every reference passes and no task breaks the stop rule (failures listed
 with `--allow-known` are reported but allowed), 1 otherwise, 2 for unusable input."""
@@ -38,6 +39,9 @@ def register(sub) -> None:
     c.add_argument("--ngram", type=int, default=None,
                    help="tokens per shingle (default 5: at the screener's 2, short solutions that share their "
                         "language's idioms read as copies; screen/siblings.py)")
+    c.add_argument("--against", metavar="SPEC",
+                   help="instead, the tasks of SPEC (a private split, control tasks, a new benchmark) whose solution "
+                        "nearly copies one of this benchmark's: each with its closest copy")
     c.add_argument("--output", help="also write the pairs here (.jsonl: one {a, b, jaccard} per line)")
     c.set_defaults(func=copies)
 
@@ -148,22 +152,27 @@ def copies(args) -> int:
     from dataclasses import replace
 
     from leakray.errors import BadInput
-    from leakray.screen.siblings import SIBLINGS, task_near_copies
+    from leakray.screen.siblings import SIBLINGS, cross_near_copies, task_near_copies
 
     try:
         cfg = replace(SIBLINGS, **{k: v for k, v in (("threshold", args.threshold), ("ngram", args.ngram))
                                    if v is not None})
         tasks = load_spec(args.spec)
+        others = load_spec(args.against) if args.against else None
     except (BadInput, OSError, ValueError) as exc:
         print(f"leakray benchmarks copies: {exc}", file=sys.stderr)
         return 2
-    pairs = task_near_copies(tasks, cfg)
+    bar = f"solutions at Jaccard >= {cfg.threshold} of their {cfg.ngram}-token shingles"
+    pairs = task_near_copies(tasks, cfg) if others is None else cross_near_copies(others, tasks, cfg)
     for a, b, j in pairs:
         print(f"{a}\t{b}\t{j:.3f}")
-    in_pairs = len({t for a, b, _ in pairs for t in (a, b)})
-    print(f"{len(pairs)} pair{'' if len(pairs) == 1 else 's'} of near-copies among {len(tasks)} tasks "
-          f"({in_pairs} tasks in a pair; solutions at Jaccard >= {cfg.threshold} of their {cfg.ngram}-token shingles)",
-          file=sys.stderr)
+    if others is None:
+        in_pairs = len({t for a, b, _ in pairs for t in (a, b)})
+        print(f"{len(pairs)} pair{'' if len(pairs) == 1 else 's'} of near-copies among {len(tasks)} tasks "
+              f"({in_pairs} tasks in a pair; {bar})", file=sys.stderr)
+    else:
+        print(f"{len(pairs)} of {len(others)} tasks of {args.against} nearly copy a task of {args.spec} ({bar})",
+              file=sys.stderr)
     if args.output:
         Path(args.output).write_text("".join(json.dumps({"a": a, "b": b, "jaccard": j}) + "\n" for a, b, j in pairs))
     return 0

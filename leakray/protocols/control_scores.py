@@ -53,19 +53,10 @@ def load_control(spec: str, benchmark: list[dict]) -> tuple[list[dict], list[lis
 
 def control_copies(control: list[dict], benchmark: list[dict]) -> list[list]:
     """[control id, benchmark id, Jaccard] of each control task whose solution nearly copies a
-    benchmark task's (its closest one), highest first. Ids are tagged by set, since a control file may reuse a
-    benchmark's ids."""
-    from leakray.screen.siblings import task_near_copies
+    benchmark task's (its closest one), highest first."""
+    from leakray.screen.siblings import cross_near_copies
 
-    tagged = [{**t, T.TASK_ID: f"b:{t[T.TASK_ID]}"} for t in benchmark] + \
-        [{**t, T.TASK_ID: f"c:{t[T.TASK_ID]}"} for t in control]
-    out, seen = [], set()
-    for a, b, j in task_near_copies(tagged):  # highest first: a control task's closest copy is kept
-        sides = {a[0]: a[2:], b[0]: b[2:]}
-        if set(sides) == {"b", "c"} and sides["c"] not in seen:
-            seen.add(sides["c"])
-            out.append([sides["c"], sides["b"], j])
-    return out
+    return cross_near_copies(control, benchmark)
 
 
 def score_whole(model_path: str, sample: SampleConfig, tasks: list[dict]) -> list[tuple[float, float]]:

@@ -95,3 +95,19 @@ def task_near_copies(tasks: Sequence[dict], config: ScreenConfig | None = None) 
     """`near_copies` of benchmark tasks (schema T): their solutions, the prompt cut off."""
     return near_copies([t[T.TASK_ID] for t in tasks], [continuation(t[T.PROMPT], t[T.REFERENCE]) for t in tasks],
                        config)
+
+
+def cross_near_copies(tasks: Sequence[dict], others: Sequence[dict], config: ScreenConfig | None = None
+                      ) -> list[list]:
+    """[id in ``tasks``, id in ``others``, Jaccard] for each task of ``tasks`` whose solution nearly
+    copies one of ``others``' (its closest), highest first: a control set or a private split checked
+    against the public benchmark. Ids are tagged by side, since two files may share ids."""
+    tagged = [{**t, T.TASK_ID: f"a:{t[T.TASK_ID]}"} for t in tasks] + \
+        [{**t, T.TASK_ID: f"b:{t[T.TASK_ID]}"} for t in others]
+    out, seen = [], set()
+    for x, y, j in task_near_copies(tagged, config):  # highest first: a task's closest copy is kept
+        sides = {x[0]: x[2:], y[0]: y[2:]}
+        if set(sides) == {"a", "b"} and sides["a"] not in seen:
+            seen.add(sides["a"])
+            out.append([sides["a"], sides["b"], j])
+    return out
