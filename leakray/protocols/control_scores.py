@@ -27,10 +27,11 @@ def load_control(spec: str, benchmark: list[dict]) -> tuple[list[dict], list[lis
     """Control tasks from ``NAME=PATH`` (a reader name or a label; the format is sniffed) or a
     registered benchmark name, and the ones left out. A control task that is also a benchmark task
     (same prompt or same solution) would be scored as clean while it may have leaked: refused, the
-    user gave the wrong set. One whose solution nearly copies a benchmark task's (`screen.siblings`)
-    may have been read in substance with it, which would lift the null the
-    benchmark is tested against: left out, and returned as [control id, benchmark id, Jaccard]."""
+    user gave the wrong set. One whose solution nearly copies a benchmark task's may have been read
+    in substance with it, which would lift the null the benchmark is tested against: left out, and
+    returned as [control id, benchmark id, Jaccard] (`screen.siblings.cross_near_copies`)."""
     from leakray.data.registry import load_benchmark, load_benchmark_file
+    from leakray.screen.siblings import cross_near_copies
 
     name, _, path = spec.partition("=")
     tasks = load_benchmark_file(name, path) if path else load_benchmark(name)
@@ -42,7 +43,7 @@ def load_control(spec: str, benchmark: list[dict]) -> tuple[list[dict], list[lis
     if shared:
         raise BadInput(f"{len(shared)} control tasks are benchmark tasks too (e.g. {shared[0]}): control tasks must be "
                        "ones the target cannot have seen", field="audit.control")
-    copies = control_copies(tasks, benchmark)
+    copies = cross_near_copies(tasks, benchmark)
     left_out = {c for c, _, _ in copies}
     kept = [t for t in tasks if t[T.TASK_ID] not in left_out]
     if not kept:
@@ -50,13 +51,6 @@ def load_control(spec: str, benchmark: list[dict]) -> tuple[list[dict], list[lis
                        "control tasks must be ones the target cannot have seen", field="audit.control")
     return kept, copies
 
-
-def control_copies(control: list[dict], benchmark: list[dict]) -> list[list]:
-    """[control id, benchmark id, Jaccard] of each control task whose solution nearly copies a
-    benchmark task's (its closest one), highest first."""
-    from leakray.screen.siblings import cross_near_copies
-
-    return cross_near_copies(control, benchmark)
 
 
 def score_whole(model_path: str, sample: SampleConfig, tasks: list[dict]) -> list[tuple[float, float]]:

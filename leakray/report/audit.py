@@ -399,7 +399,8 @@ def _evidence_text(e: dict | None) -> str:
 def benchmark_near_copies(pairs: list[tuple[str, str, float]], task_ids: list[str], verdict: np.ndarray) -> dict:
     """The audited tasks whose solutions nearly copy each other (``pairs``, `near_copy_pairs`): a
     model that saw one saw the other's solution. ``of``: each task's copies; the clean tasks among
-    them whose copy was flagged are named, since the cleaned file keeps them."""
+    them whose copy was flagged are named (the cleaned file drops them with it, or keeps them:
+    `audit.cleaned_near_copies`)."""
     from leakray.screen.siblings import SIBLINGS
 
     of: dict[str, list[str]] = {}

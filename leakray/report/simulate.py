@@ -147,14 +147,16 @@ def straddling_copies(table: pa.Table) -> list[list]:
 
 def straddling_line(r: dict) -> list[str]:
     """The report's warning when a near-copy pair sits on both sides of a model's split."""
+    from leakray.screen.siblings import SIBLINGS
+
     found = {role: pairs for role, pairs in (r.get("near_copies_across_split") or {}).items() if pairs}
     if not found:
         return []
     words = "; ".join(f"{role}: " + ", ".join(f"member {m} ~ non-member {n} ({j:.2f})" for m, n, j in pairs)
                       for role, pairs in sorted(found.items()))
-    return ["", "Near-copies across the split (solutions at Jaccard ≥ 0.7 of 5-token shingles, screen/siblings.py): "
-                "the non-member of each pair was read in substance, and the detectors' rates count it as unseen — "
-                f"{words}."]
+    return ["", f"Near-copies across the split (solutions at Jaccard ≥ {SIBLINGS.threshold} of {SIBLINGS.ngram}-token "
+                "shingles, screen/siblings.py): the non-member of each pair was read in substance, and the detectors' "
+                f"rates count it as unseen — {words}."]
 
 
 def write_report(run_dir: Path, cfg: dict, timings: dict) -> dict:
