@@ -67,12 +67,13 @@ def test_short_or_different_texts_are_no_copies():
 
 
 def test_the_report_names_clean_copies_of_flagged_tasks():
-    from leakray.report.audit import benchmark_near_copies, near_copies_words, near_copy_pairs
+    from leakray.report.audit import benchmark_near_copies, near_copies_words
+    from leakray.screen.siblings import task_near_copies
 
     tasks = load_benchmark("humaneval")
     by_id = {t[T.TASK_ID]: t for t in tasks}
     ids = ["HumanEval/0", "HumanEval/56", "HumanEval/61"]
-    pairs = near_copy_pairs(by_id, ids)
+    pairs = task_near_copies([by_id[t] for t in ids])
     c = benchmark_near_copies(pairs, ids, np.array(["clean", "clean", "suspected"]))
     assert c["of"] == {"HumanEval/56": ["HumanEval/61"], "HumanEval/61": ["HumanEval/56"]}
     assert c["clean_copies_of_flagged"] == ["HumanEval/56"]
@@ -84,7 +85,7 @@ def test_the_report_names_clean_copies_of_flagged_tasks():
     both = benchmark_near_copies(pairs, ids, np.array(["clean", "suspected", "confirmed"]))
     assert both["clean_copies_of_flagged"] == [] and "stay" not in near_copies_words(both)
     two = ids[:2]
-    none = benchmark_near_copies(near_copy_pairs(by_id, two), two, np.array(["clean", "clean"]))
+    none = benchmark_near_copies(task_near_copies([by_id[t] for t in two]), two, np.array(["clean", "clean"]))
     assert near_copies_words(none) == ""
 
 

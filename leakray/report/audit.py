@@ -24,6 +24,7 @@ from leakray.report.rows import row_lines
 from leakray.report.advprompt_kinds import advprompt_kinds_line
 from leakray.report.costs import time_by_stage
 from leakray.runs import MARKER, write_json_atomic
+from leakray.screen.siblings import SIBLINGS, task_near_copies
 from leakray.schema import C, P, S, T
 
 log = logging.getLogger(__name__)
@@ -135,7 +136,7 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
     scores, skipped = card.score(target, allowed)
     skipped.update(skipped_access)
     by_id = {t[T.TASK_ID]: t for t in tasks}
-    pairs = near_copy_pairs(by_id, task_ids)
+    pairs = task_near_copies([by_id[t] for t in task_ids])  # near-copies among the audited tasks
     crossfit = crossfit_scores(card, task_ids, scores, pairs)
     primary = choose_primary(card, list(scores), a.detector)
     cal = card.calibrator(primary)
@@ -238,7 +239,7 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
 def crossfit_scores(card: DetectorCard, task_ids: list[str], scores: dict[str, np.ndarray],
                     pairs: list[tuple[str, str, float]] = ()) -> dict:
     """No target task is scored by a detector trained on it or on a near-copy of it (``pairs``,
-    `near_copy_pairs`): a learned detector's scores on the card's fit-half tasks and their copies
+    `siblings.task_near_copies`): a learned detector's scores on the card's fit-half tasks and their copies
     become NaN (left out of its estimate). A card whose halves kept near-copies together
     (`benchmark.near_copies`) has no copy outside its fit half; an older card, or one built on
     another version of the benchmark, may. Returns what was left out."""
@@ -263,13 +264,6 @@ def _copies_of_fit_words(copies: list[str] | None) -> str:
         return ""
     return (f", none of them a near-copy of a training task ({len(copies)} such left out: "
             f"{', '.join(copies[:5])}{' …' if len(copies) > 5 else ''})")
-
-
-def near_copy_pairs(by_id: dict[str, dict], task_ids: list[str]) -> list[tuple[str, str, float]]:
-    """The audited tasks' near-copy pairs (`screen.siblings`)."""
-    from leakray.screen.siblings import task_near_copies
-
-    return task_near_copies([by_id[t] for t in task_ids])
 
 
 def chat_api(cfg, collected: dict) -> dict | None:
@@ -397,12 +391,10 @@ def _evidence_text(e: dict | None) -> str:
 
 
 def benchmark_near_copies(pairs: list[tuple[str, str, float]], task_ids: list[str], verdict: np.ndarray) -> dict:
-    """The audited tasks whose solutions nearly copy each other (``pairs``, `near_copy_pairs`): a
+    """The audited tasks whose solutions nearly copy each other (``pairs``, `siblings.task_near_copies`): a
     model that saw one saw the other's solution. ``of``: each task's copies; the clean tasks among
     them whose copy was flagged are named (the cleaned file drops them with it, or keeps them:
     `audit.cleaned_near_copies`)."""
-    from leakray.screen.siblings import SIBLINGS
-
     of: dict[str, list[str]] = {}
     for a, b, _ in pairs:
         of.setdefault(a, []).append(b)
