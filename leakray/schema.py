@@ -105,6 +105,10 @@ class C:
     PROBE_SECONDS = "probe_seconds"
     # list<float>[len(PARTS)]: this row's share of each collection part's busy time (stages.collect.PARTS)
     PART_SECONDS = "part_seconds"
+    # Not collected: added to a shadow table before its detectors fit (`detect.base.keyed_by_copies`).
+    # The unit a learned detector's inner splits (validation split, cross-fitted folds) keep on one
+    # side: the task, or the near-copy group it belongs to (`benchmark.near_copies`).
+    SPLIT_KEY = "split_key"
 
     # The expert vector's blocks, in order; each block has k entries.
     EXPERT_BLOCKS = (PERPLEXITY, CODEBLEU, EDIT_DISTANCE, PASSED)

@@ -330,6 +330,7 @@ def arrays_from_table(table, perplexities: bool = True) -> dict[str, np.ndarray]
     present slot's perplexity is then a neutral 1, so the arrays pass the checks and the
     relative-perplexity features are 0 wherever they would be computed."""
     from leakray.detect.arrays import list_column
+    from leakray.detect.base import task_keys
     from leakray.schema import C
 
     needed = (C.ADV_EMBEDDING, C.ADV_PERPLEXITY, C.ADV_KIND, C.REF_EMBEDDING) if perplexities else \
@@ -350,22 +351,26 @@ def arrays_from_table(table, perplexities: bool = True) -> dict[str, np.ndarray]
     return {"ref": ref, "base": emb[:, 0], "adv": emb[:, 1:], "base_ppl": ppl[:, 0],
             "adv_ppl": np.where(mask, ppl[:, 1:], np.nan), "adv_mask": mask,
             "member": np.asarray(table.column(C.MEMBER).to_pylist(), dtype=np.int8),
-            "task_id": np.asarray(table.column(C.TASK_ID).to_pylist(), dtype=object)}
+            "task_id": task_keys(table)}  # the task, or its near-copy group: the folds' unit
 
 
 def cross_fit_log_odds(arrays: Mapping[str, np.ndarray], config: AdvPromptConfig | None = None, seed: int = 0,
                        n_folds: int = 4) -> np.ndarray:
-    """Out-of-fold member log-odds (stratified folds of tasks, seeded): where a decision
-    threshold is chosen without scoring rows the detector was trained on."""
-    from sklearn.model_selection import StratifiedKFold
+    """Out-of-fold member log-odds (stratified folds of tasks, a near-copy group in one fold, seeded):
+    where a decision threshold is chosen without scoring rows the detector was trained on."""
+    from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold
 
     y = np.asarray(arrays["member"])
     n_folds = min(n_folds, int((y == 0).sum()), int((y == 1).sum()))
     if n_folds < 2:
         raise BadInput("cross-fitting needs at least 2 rows of each class", field="member")
-    split = StratifiedKFold(n_splits=n_folds, shuffle=True,
-                            random_state=int(np.random.SeedSequence([int(seed), 3]).generate_state(1)[0]))
+    state = int(np.random.SeedSequence([int(seed), 3]).generate_state(1)[0])
+    keys = np.asarray(arrays.get("task_id", np.arange(len(y)))).astype(str)
+    if len(np.unique(keys)) == len(keys):  # one row a task, no near-copy groups: the folds as they always were
+        folds = StratifiedKFold(n_splits=n_folds, shuffle=True, random_state=state).split(np.zeros(len(y)), y)
+    else:  # a near-copy group's tasks in one fold (`base.keyed_by_copies`)
+        folds = StratifiedGroupKFold(n_splits=n_folds, shuffle=True, random_state=state).split(np.zeros(len(y)), y, keys)
     out = np.full(len(y), np.nan)
-    for fit_idx, held_idx in split.split(np.zeros(len(y)), y):
+    for fit_idx, held_idx in folds:
         out[held_idx] = fit(take(arrays, fit_idx), config, seed).predict_log_odds(take(arrays, held_idx))
     return out

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Mapping
+from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -138,12 +138,35 @@ def labels(table: pa.Table, which: str = "shadow") -> np.ndarray:
 
 
 def task_keys(table: pa.Table) -> np.ndarray:
-    """(benchmark, task_id) as one string per row: the unit every split keeps together."""
+    """(benchmark, task_id) as one string per row: the unit every split keeps together. Where the
+    protocol named near-copy groups (`keyed_by_copies`), the tasks of one group share one key."""
+    if C.SPLIT_KEY in table.column_names:
+        return np.asarray(table.column(C.SPLIT_KEY).to_pylist(), dtype=object)
     if C.TASK_ID not in table.column_names:
         return np.arange(table.num_rows).astype(str).astype(object)
     ids = table.column(C.TASK_ID).to_pylist()
     bench = table.column(C.BENCHMARK).to_pylist() if C.BENCHMARK in table.column_names else [""] * len(ids)
     return np.asarray([f"{b}\x1f{t}" for b, t in zip(bench, ids)], dtype=object)
+
+
+def keyed_by_copies(table: pa.Table, groups: Sequence[Sequence[str]]) -> pa.Table:
+    """``table`` with C.SPLIT_KEY: each task's own key (`task_keys`), or the key of the first task
+    of its near-copy group (``groups``: lists of task ids, `siblings.copy_groups`).
+
+    Why: a learned detector that reads a task's text (a reference embedding, its tokens) and is
+    validated or cross-fitted on a near-copy of one of its training tasks is scored on its own
+    training text; its validation AUC, and the cut and primary chosen on it, come out too good.
+    Without groups the table comes back as it was (the splits as before)."""
+    if C.SPLIT_KEY in table.column_names:
+        table = table.drop_columns([C.SPLIT_KEY])
+    if not any(len(g) > 1 for g in groups):
+        return table
+    keys = task_keys(table)
+    ids = table.column(C.TASK_ID).to_pylist()
+    first = {t: g[0] for g in groups if len(g) > 1 for t in g}
+    key_of = dict(zip(ids, keys.tolist()))
+    merged = [key_of.get(first[t], f"copies\x1f{first[t]}") if t in first else k for t, k in zip(ids, keys.tolist())]
+    return table.append_column(C.SPLIT_KEY, pa.array(merged, pa.string()))
 
 
 def split_by_task(keys: np.ndarray, y: np.ndarray, val_share: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

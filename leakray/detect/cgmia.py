@@ -115,9 +115,8 @@ def arrays_from_table(table: pa.Table) -> dict[str, np.ndarray]:
     d = ref.shape[1]
     gen = list_column(table, C.GEN_EMBEDDING, width=k * d).reshape(len(ref), k, d)
     member = scalar_column(table, C.MEMBER, dtype=np.int8)
-    task_id = np.asarray(table.column(C.TASK_ID).to_pylist(), dtype=object) \
-        if C.TASK_ID in table.column_names else np.arange(len(ref)).astype(str).astype(object)
-    return {"gen": gen, "ref": ref, "expert": expert, "member": member, "task_id": task_id}
+    # the unit of the cross-fitted folds: the task, or its near-copy group (`base.task_keys`)
+    return {"gen": gen, "ref": ref, "expert": expert, "member": member, "task_id": task_keys(table)}
 
 
 def _shapes(arrays: Mapping[str, np.ndarray]) -> tuple[int, int, int, int]:
@@ -415,7 +414,7 @@ def fit_thresholded(train_arrays: Mapping[str, np.ndarray], config: CGMIAConfig 
 
 
 # -- registry entry ----------------------------------------------------------------------
-from leakray.detect.base import Detector, DetectorSpec, FitContext, labels  # noqa: E402  (base imports nothing from here)
+from leakray.detect.base import Detector, DetectorSpec, FitContext, labels, task_keys  # noqa: E402  (base imports nothing from here)
 
 
 class CGMIA(Detector):

@@ -55,7 +55,7 @@ def build_card(shadow: pa.Table, cfg, out: Path, *, storage: Path, meta: dict,
     result = evaluate_detectors(fit, val, d.cgmia_config(), d.seeds, use_ray_train=d.ray_train(),
                                 storage_path=storage, save_dir=out / DETECTORS_DIR, threshold_rule=d.threshold_rule,
                                 bootstrap=d.bootstrap, detectors=detectors, detector_params=d.params,
-                                trace_memory=d.trace_memory, parallel=d.parallel)
+                                trace_memory=d.trace_memory, parallel=d.parallel, copy_groups=groups)
     scores = result["scores"].to_pandas()
     calibration, quality, cuts = {}, {}, {}
     for name in result["median"]:

@@ -213,7 +213,8 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
                        save_dir: str | os.PathLike | None = None, threshold_rule: str = DEFAULT_RULE,
                        threshold_folds: int = CROSS_FIT_FOLDS, bootstrap: int = N_BOOTSTRAP,
                        bootstrap_seed: int = BOOTSTRAP_SEED, trace_memory: bool = False,
-                       expert_ablation: bool = False, parallel: bool = False) -> dict[str, Any]:
+                       expert_ablation: bool = False, parallel: bool = False,
+                       copy_groups: Iterable[Iterable[str]] = ()) -> dict[str, Any]:
     """Fit every requested detector on the shadow collection, score the target, compare.
 
     ``detectors``: registry names (``leakray.detect.registry``) or ``"all"``. A detector
@@ -242,10 +243,12 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
     task per detector per seed)}`` and, with ``expert_ablation``, ``"expert_ablation"``
     (see ``expert_ablation``). Each per-seed metrics dict also holds its ``"threshold"``.
     Seed-free detectors are stored with S.SEED = BASELINE_SEED. Shadow and target must not
-    share a (benchmark, task_id) unless ``allow_task_overlap``.
+    share a (benchmark, task_id) unless ``allow_task_overlap``. ``copy_groups``: the benchmark's
+    near-copy groups (lists of task ids, `siblings.copy_groups`); a learned detector's inner splits
+    keep each on one side (`detect.base.keyed_by_copies`).
     """
     from leakray.detect import registry
-    from leakray.detect.base import FitContext, missing_input
+    from leakray.detect.base import FitContext, keyed_by_copies, missing_input
     from leakray.executor.runtime import import_train_and_tune, submit_tasks
 
     config = config or CGMIAConfig()
@@ -258,6 +261,7 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
     for name in params:
         registry.detector_class(name)  # refuse unknown names early
     _labels(shadow_table, "shadow")  # refused here, before any work; detectors read them from the table
+    shadow_table = keyed_by_copies(shadow_table, [list(g) for g in copy_groups])
     y = _labels(target_table, "target")
     shadow_keys, target_keys = _keys(shadow_table), _keys(target_table)
     overlap = set(shadow_keys) & set(target_keys)

@@ -254,7 +254,9 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
                                     bootstrap=cfg.detect.bootstrap, detectors=learned_detectors(cfg),
                                     detector_params=cfg.detect.params, trace_memory=cfg.detect.trace_memory,
                                     parallel=cfg.detect.parallel,
-                                    expert_ablation=cfg.detect.expert_ablation)
+                                    expert_ablation=cfg.detect.expert_ablation,
+                                    # the folds' own near-copy groups (none in a run drawn before them)
+                                    copy_groups=runner.info["folds"].get("near_copy_groups", []))
         for part, done in zip(parts, extras()):
             if part == "graybox":
                 merge_results(result, done, "advprompt_graybox")
