@@ -261,7 +261,6 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
     for name in params:
         registry.detector_class(name)  # refuse unknown names early
     _labels(shadow_table, "shadow")  # refused here, before any work; detectors read them from the table
-    shadow_table = keyed_by_copies(shadow_table, [list(g) for g in copy_groups])
     y = _labels(target_table, "target")
     shadow_keys, target_keys = _keys(shadow_table), _keys(target_table)
     overlap = set(shadow_keys) & set(target_keys)
@@ -269,6 +268,7 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
         raise BadInput(f"{len(overlap)} tasks are in both shadow and target, e.g. {sorted(overlap)[:3]}; "
                        "split by task or pass allow_task_overlap=True", field=C.TASK_ID)
     task_ids = [t for _, t in target_keys]
+    shadow_table = keyed_by_copies(shadow_table, [list(g) for g in copy_groups])  # task ids checked above
     boot = {"n_bootstrap": int(bootstrap), "bootstrap_seed": int(bootstrap_seed)}
 
     per_seed: dict[str, list[dict]] = {}
