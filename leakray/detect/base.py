@@ -161,11 +161,10 @@ def keyed_by_copies(table: pa.Table, groups: Sequence[Sequence[str]]) -> pa.Tabl
         table = table.drop_columns([C.SPLIT_KEY])
     if not any(len(g) > 1 for g in groups):
         return table
-    keys = task_keys(table)
-    ids = table.column(C.TASK_ID).to_pylist()
+    ids, keys = table.column(C.TASK_ID).to_pylist(), task_keys(table).tolist()
     first = {t: g[0] for g in groups if len(g) > 1 for t in g}
-    key_of = dict(zip(ids, keys.tolist()))
-    merged = [key_of.get(first[t], f"copies\x1f{first[t]}") if t in first else k for t, k in zip(ids, keys.tolist())]
+    key_of = dict(zip(ids, keys))
+    merged = [key_of.get(first[t], f"copies\x1f{first[t]}") if t in first else k for t, k in zip(ids, keys)]
     return table.append_column(C.SPLIT_KEY, pa.array(merged, pa.string()))
 
 

@@ -52,7 +52,6 @@ def load_control(spec: str, benchmark: list[dict]) -> tuple[list[dict], list[lis
     return kept, copies
 
 
-
 def score_whole(model_path: str, sample: SampleConfig, tasks: list[dict]) -> list[tuple[float, float]]:
     """(log p(solution | prompt), log p(prompt)) of each task, NaN where the backend gave none or
     the text was cut to fit the model."""
