@@ -127,3 +127,54 @@ def test_evaluate_detectors_keys_the_shadow_by_its_copy_groups():
         result = evaluate_detectors(shadow, target, seeds=[0], detectors=["gotcha"], bootstrap=0, copy_groups=g)
         mcc[name] = result["per_seed"]["gotcha"][0]["threshold"]["mcc"]
     assert mcc["copies split"] >= 0.5 and mcc["kept together"] <= 0.4, mcc  # measured 0.76 and 0.26
+
+
+def test_graybox_split_knows_a_group_whole_or_scores_it_whole():
+    """AdvPrompt's gray-box setting trains on target rows and scores the others: a copy scored while
+    its twin is known would be scored on its own training text."""
+    from leakray.detect.advprompt import graybox_split
+
+    rng = np.random.default_rng(0)
+    member = rng.choice([0, 1], size=120)
+    keys = np.asarray([f"g{i // 2}" for i in range(120)])  # rows 2i and 2i+1 are copies
+    member[1::2] = member[0::2]  # a group shares its label (one task under two ids)
+    straddled = 0
+    for seed in range(8):
+        train, test = graybox_split(member, 0.2, seed, groups=keys)
+        assert not set(keys[train]) & set(keys[test])
+        assert len(set(train) & set(test)) == 0 and (member[train] == 1).sum() == round(0.2 * member.sum())
+        plain_train, plain_test = graybox_split(member, 0.2, seed)
+        straddled += len(set(keys[plain_train]) & set(keys[plain_test]))
+    assert straddled >= 8  # drawn row by row, copies land on both sides
+    # every key its own row: the row-by-row draw, to the index
+    for seed in range(4):
+        for got, want in zip(graybox_split(member, 0.3, seed, groups=np.arange(120)), graybox_split(member, 0.3, seed)):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_evaluate_advprompt_splits_the_target_by_its_copy_groups(monkeypatch):
+    from leakray.detect import advprompt as ap
+    from leakray.protocols.advprompt_eval import advprompt_part
+
+    seen = []
+    real = ap.graybox_split
+
+    def recording(member, known_fraction=0.2, seed=0, balanced_test=True, groups=None):
+        seen.append(groups)
+        return real(member, known_fraction, seed, balanced_test, groups)
+
+    monkeypatch.setattr(ap, "graybox_split", recording)
+    monkeypatch.setattr(ap, "fit", lambda *a, **k: (_ for _ in ()).throw(ap.BadInput("stop here")))
+    n = 40
+    target = pa.table({C.TASK_ID: [f"t{i}" for i in range(n)], C.MEMBER: np.array([1, 0] * (n // 2), np.int8),
+                       C.REF_EMBEDDING: np.ones((n, 4), np.float32).tolist(),
+                       C.ADV_EMBEDDING: np.ones((n, 48), np.float32).tolist(),
+                       C.ADV_PERPLEXITY: np.ones((n, 12), np.float32).tolist(),
+                       C.ADV_KIND: [["base"] + ["IDP"] * 11] * n})
+    out = advprompt_part("graybox", target, target, [0], "shadow_max_mcc", 0, [["t0", "t2"]])
+    assert "stop here" in out["result"]["skipped"]["advprompt_graybox"]  # the split ran, then the stubbed fit refused
+    keys = dict(zip(target.column(C.TASK_ID).to_pylist(), seen[0]))
+    assert keys["t0"] == keys["t2"] and len(set(seen[0])) == n - 1
+    seen.clear()
+    advprompt_part("graybox", target, target, [0], "shadow_max_mcc", 0)
+    assert len(set(seen[0])) == n  # no groups: every task its own key

@@ -294,23 +294,56 @@ def fit(arrays: Mapping[str, np.ndarray], config: AdvPromptConfig | None = None,
 
 
 def graybox_split(member: np.ndarray, known_fraction: float = 0.2, seed: int = 0,
-                  balanced_test: bool = True) -> tuple[np.ndarray, np.ndarray]:
+                  balanced_test: bool = True, groups: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The paper's partial-knowledge setting (§V-A): the auditor knows ``known_fraction`` of
     the target's members and as many non-members (training rows); the rest is scored (test
     rows), balanced the same way unless ``balanced_test`` is False. Rows with member -1
-    (unknown) are in neither. Returns (train indices, test indices), sorted."""
+    (unknown) are in neither. Returns (train indices, test indices), sorted.
+
+    ``groups``: one key per row (`base.task_keys`); rows sharing a key (a benchmark's near-copies,
+    `base.keyed_by_copies`) are known together or scored together, never one known and its copy
+    scored: the detector would be scored on its own training text. The draw is over keys; with
+    every key its own row it is the row-by-row draw, to the index."""
     member = np.asarray(member)
     if not 0.0 < known_fraction < 1.0:
         raise BadInput(f"known_fraction must be in (0, 1), got {known_fraction}")
+    keys = np.arange(len(member)).astype(str) if groups is None else np.asarray(groups).astype(str)
+    if len(keys) != len(member):
+        raise BadInput(f"groups has {len(keys)} rows, member {len(member)}", field="task_id")
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 8]))
-    pos = rng.permutation(np.flatnonzero(member == 1))
-    neg = rng.permutation(np.flatnonzero(member == 0))
-    k = int(round(known_fraction * len(pos)))
-    if k < 1 or len(neg) < k + 1 or len(pos) - k < 1:
-        raise BadInput(f"gray-box split needs members and non-members to spare: {len(pos)} members, "
-                       f"{len(neg)} non-members, {k} known", field="member")
-    train = np.concatenate([pos[:k], neg[:k]])
-    test_pos, test_neg = pos[k:], neg[k:]
+
+    def units(label: int) -> list[np.ndarray]:  # a class's rows, one array per key, in a seeded order
+        by_key: dict[str, list[int]] = {}
+        for r in np.flatnonzero(member == label):
+            by_key.setdefault(keys[r], []).append(r)
+        listed = list(by_key.values())
+        return [np.asarray(listed[i]) for i in rng.permutation(len(listed))]
+
+    pos, neg = units(1), units(0)
+    n_pos = sum(len(u) for u in pos)
+    k = int(round(known_fraction * n_pos))
+
+    def known(us: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The first units in order that make up k rows (a group that would overrun k waits), the rest."""
+        take, rest, have = [], [], 0
+        for u in us:
+            if have + len(u) <= k:
+                take.append(u)
+                have += len(u)
+            else:
+                rest.append(u)
+        return take, rest
+
+    def rows(us: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(us) if us else np.zeros(0, dtype=np.int64)
+
+    (train_pos, test_pos), (train_neg, test_neg) = known(pos), known(neg)
+    n_neg = sum(len(u) for u in neg)
+    train_pos, train_neg, test_pos, test_neg = rows(train_pos), rows(train_neg), rows(test_pos), rows(test_neg)
+    if k < 1 or n_neg < k + 1 or n_pos - k < 1 or len(train_pos) < 1 or len(train_neg) < 1 or not len(test_pos):
+        raise BadInput(f"gray-box split needs members and non-members to spare: {n_pos} members, "
+                       f"{n_neg} non-members, {k} known", field="member")
+    train = np.concatenate([train_pos, train_neg])
     if balanced_test:
         m = min(len(test_pos), len(test_neg))
         test_pos, test_neg = test_pos[:m], test_neg[:m]

@@ -26,18 +26,22 @@ def _fit_thresholded(arrays, seed: int, rule: str, where: str, config):
 
 def evaluate_advprompt(shadow: pa.Table, target: pa.Table, seeds, *, threshold_rule: str, bootstrap: int,
                        bootstrap_seed: int = 0, config: ap.AdvPromptConfig | None = None,
-                       known_fraction: float = 0.2) -> dict:
+                       known_fraction: float = 0.2, copy_groups=()) -> dict:
     """{"per_seed": {name: [metrics...]}, "median": {...}, "thresholds": {...}} for the gray-box
     setting (the shadow setting is the registry's ``advprompt``, run with every other detector).
-    ``shadow`` is unused here and kept so both settings read the same inputs."""
-    ta = ap.arrays_from_table(target)
+    ``shadow`` is unused here and kept so both settings read the same inputs. ``copy_groups``: the
+    benchmark's near-copy groups (lists of task ids): a group's target rows are known together or
+    scored together, and its known rows fall in one cross-fitting fold (`graybox_split`)."""
+    from leakray.detect.base import keyed_by_copies
+
+    ta = ap.arrays_from_table(keyed_by_copies(target, [list(g) for g in copy_groups]))
     boot = {"n_bootstrap": int(bootstrap), "bootstrap_seed": int(bootstrap_seed)}
     per_seed: dict[str, list] = {"advprompt_graybox": []}
     thresholds: dict[str, dict] = {}
     skipped: dict[str, str] = {}
     for seed in seeds:
         try:
-            train, test = ap.graybox_split(ta["member"], known_fraction, seed)
+            train, test = ap.graybox_split(ta["member"], known_fraction, seed, groups=ta["task_id"])
             det, th = _fit_thresholded(ap.take(ta, train), seed, threshold_rule,
                                        f"known {known_fraction:.0%} of target members + as many non-members, "
                                        "out-of-fold", config)
@@ -102,16 +106,18 @@ def advprompt_ablation(shadow: pa.Table, target: pa.Table, seed: int = 0, *,
 
 
 def advprompt_part(part: str, shadow: pa.Table, target: pa.Table, seeds, threshold_rule: str,
-                   bootstrap: int) -> dict:
+                   bootstrap: int, copy_groups=()) -> dict:
     """One AdvPrompt evaluation of the detect stage beside the registry's detectors ("graybox":
     ``evaluate_advprompt``; "ablation": ``advprompt_ablation`` at the first seed), timed where it
-    runs, so the stage can run it as a Ray task beside the others: {"result" | "skipped", "seconds"}."""
+    runs, so the stage can run it as a Ray task beside the others: {"result" | "skipped", "seconds"}.
+    ``copy_groups``: the benchmark's near-copy groups, for the gray-box setting's split."""
     import time
 
     t0 = time.perf_counter()
     try:
         if part == "graybox":
-            out = evaluate_advprompt(shadow, target, seeds, threshold_rule=threshold_rule, bootstrap=bootstrap)
+            out = evaluate_advprompt(shadow, target, seeds, threshold_rule=threshold_rule, bootstrap=bootstrap,
+                                     copy_groups=copy_groups)
         elif part == "ablation":
             out = advprompt_ablation(shadow, target, list(seeds)[0])
         else:

@@ -246,8 +246,11 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
         parts = []
         if collection.wants_advprompt(cfg) and (cfg.detect.detectors == "all" or "advprompt" in cfg.detect.detectors):
             parts = ["graybox"] + (["ablation"] if cfg.detect.advprompt_ablation else [])
+        # the folds' own near-copy groups (none in a run drawn before them)
+        copy_groups = runner.info["folds"].get("near_copy_groups", [])
         extras = submit_tasks(advprompt_part, parts, shadow, target, cfg.detect.seeds, cfg.detect.threshold_rule,
-                              cfg.detect.bootstrap, engine="ray" if cfg.detect.parallel and parts else "local")
+                              cfg.detect.bootstrap, copy_groups,
+                              engine="ray" if cfg.detect.parallel and parts else "local")
         result = evaluate_detectors(shadow, target, cfg.detect.cgmia_config(), cfg.detect.seeds,
                                     use_ray_train=cfg.detect.ray_train(), storage_path=runner.run_dir / "ray_train",
                                     save_dir=out, threshold_rule=cfg.detect.threshold_rule,
@@ -255,8 +258,7 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
                                     detector_params=cfg.detect.params, trace_memory=cfg.detect.trace_memory,
                                     parallel=cfg.detect.parallel,
                                     expert_ablation=cfg.detect.expert_ablation,
-                                    # the folds' own near-copy groups (none in a run drawn before them)
-                                    copy_groups=runner.info["folds"].get("near_copy_groups", []))
+                                    copy_groups=copy_groups)
         for part, done in zip(parts, extras()):
             if part == "graybox":
                 merge_results(result, done, "advprompt_graybox")
