@@ -156,12 +156,14 @@ def adjust_for_difficulty(s_bench, s_control, ref_bench, ref_control, len_bench,
 
 def estimate_control(task_ids, s, why, control_s, *, ref_bench, ref_control, len_bench, len_control,
                      lam: float = 0.5, fdr: float = 0.1, n_boot: int = 300, seed: int = 0, max_width: float = 0.3,
-                     alpha: float = 0.05, statistic: str = "", adjust: bool = True) -> dict:
+                     alpha: float = 0.05, statistic: str = "", adjust: bool = True, groups=()) -> dict:
     """The route's answer: the test, the leaked share with its interval and lower bound, p/q and
     flags per task, and whether the share may be printed (``usable``) or why not. ``adjust``: the
-    statistic net of the tasks' difficulty (`adjust_for_difficulty`)."""
+    statistic net of the tasks' difficulty (`adjust_for_difficulty`). ``groups``: the benchmark's
+    near-copy groups (lists of task ids): the bootstrap draws each whole (`resample.task_resamples`)."""
     from scipy import stats
 
+    from leakray.evaluate.resample import group_index, resampled_by, task_resamples
     from leakray.evaluate.selfcal import qvalues
 
     s = np.asarray(s, np.float64)
@@ -194,8 +196,12 @@ def estimate_control(task_ids, s, why, control_s, *, ref_bench, ref_control, len
     mw = stats.mannwhitneyu(x, c, alternative="greater")
     est = leaked_share(p[ok], lam)
     rng = np.random.default_rng(seed)
-    boots = np.array([leaked_share(conformal_pvalues(x[rng.integers(0, m, m)], c[rng.integers(0, len(c), len(c))]),
-                                   lam) for _ in range(int(n_boot))])
+    units = group_index([t for t, keep in zip(task_ids, ok) if keep], groups)
+    # each resample's benchmark rows, then its control rows, from one stream (the draws as before groups)
+    boots = np.array([leaked_share(conformal_pvalues(x[task_resamples(units, 1, rng)[0]],
+                                                     c[rng.integers(0, len(c), len(c))]), lam)
+                      for _ in range(int(n_boot))])
+    out["resampled_by"] = resampled_by(units)
     lo, hi = np.percentile(boots, [2.5, 97.5]).tolist() if len(boots) else (est, est)
     lower = float(np.percentile(boots, 5)) if len(boots) else est  # one-sided 95% (bootstrap percentile)
     detected = bool(mw.pvalue < alpha)

@@ -208,10 +208,15 @@ MIN_TASKS = 30  # fewer scored tasks: no fit, no number
 
 def estimate_empirical(task_ids, s, why, *, fdr: float = 0.1, n_boot: int = 300, seed: int = 0,
                        max_width: float = 0.3, min_tasks: int = MIN_TASKS,
-                       statistic: str = "(log p_target - log p_reference) of the solution per character") -> dict:
+                       statistic: str = "(log p_target - log p_reference) of the solution per character",
+                       groups=()) -> dict:
     """The route's answer from the per-task statistic: leaked fraction, interval, p/q per task,
-    flags at the FDR, and whether the number may be printed (``usable``) or why not."""
+    flags at the FDR, and whether the number may be printed (``usable``) or why not. ``groups``:
+    the benchmark's near-copy groups (lists of task ids): the bootstrap draws each whole
+    (`resample.task_resamples`)."""
     from scipy import stats
+
+    from leakray.evaluate.resample import group_index, resampled_by, task_resamples
 
     s = np.asarray(s, np.float64)
     ok = np.isfinite(s)
@@ -229,7 +234,9 @@ def estimate_empirical(task_ids, s, why, *, fdr: float = 0.1, n_boot: int = 300,
     x = s[ok]
     fit = empirical_null(x)
     rng = np.random.default_rng(seed)
-    resamples = np.stack([x[rng.integers(0, len(x), len(x))] for _ in range(int(n_boot))])
+    units = group_index([t for t, keep in zip(task_ids, ok) if keep], groups)
+    resamples = x[task_resamples(units, n_boot, rng)]
+    out["resampled_by"] = resampled_by(units)
     boots = [1.0 - f["pi0"] for f in empirical_nulls(resamples)]
     lo, hi = np.percentile(boots, [2.5, 97.5]).tolist()
     p[ok] = stats.norm.sf(x, fit["mu0"], fit["sd0"])

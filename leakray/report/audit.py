@@ -24,7 +24,7 @@ from leakray.report.rows import row_lines
 from leakray.report.advprompt_kinds import advprompt_kinds_line
 from leakray.report.costs import time_by_stage
 from leakray.runs import MARKER, write_json_atomic
-from leakray.screen.siblings import SIBLINGS, task_near_copies
+from leakray.screen.siblings import SIBLINGS, copy_groups, task_near_copies
 from leakray.schema import C, P, S, T
 
 log = logging.getLogger(__name__)
@@ -148,8 +148,9 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
     val_y, val_s = card.shadow_scores(primary)  # a detector that learns nothing: every shadow row
     card_result = card_estimate(score, val_y, val_s, prob, float(val_y.mean()), fdr=a.fdr, seed=a.shadow_seed,
                                 n_boot=min(a.bootstrap, 200), max_width=a.max_width)
-    selfcal_result = self_calibrated(target, a)
-    control_result = control_route(run_dir, task_ids, a)
+    groups = copy_groups(pairs)  # a near-copy group is one draw of the routes' bootstraps
+    selfcal_result = self_calibrated(target, a, groups)
+    control_result = control_route(run_dir, task_ids, a, groups)
     if control_result is not None:  # control tasks left out as near-copies of benchmark tasks (load_control)
         control_result["near_copies_left_out"] = _stage_info(run_dir, "control_scores").get("near_copies_left_out", [])
     decision = decide(selfcal_result, card_result, a.route, card_leak=card.meta["shadow"].get("leak"),
@@ -288,26 +289,27 @@ def _chat_words(c: dict | None) -> str:
             f"code out again {a['chat_answer_repeated_the_code']}, of {c['rows']})")
 
 
-def self_calibrated(target: pa.Table, a) -> dict:
+def self_calibrated(target: pa.Table, a, groups=()) -> dict:
     """The self-calibrated route on the target's own collection (its log-probabilities of each
-    solution and the reference model's)."""
+    solution and the reference model's); ``groups``: the audited tasks' near-copy groups."""
     lr = selfcal.likelihood_ratio(target)
     s, statistic, adjustment = selfcal.route_statistic(lr, a.net_of_difficulty)
     res = selfcal.estimate_empirical(lr["task_id"], s, lr["why"], fdr=a.fdr, n_boot=min(a.bootstrap, 300),
-                                     seed=a.shadow_seed, max_width=a.max_width,
+                                     seed=a.shadow_seed, max_width=a.max_width, groups=groups,
                                      **({"statistic": statistic} if statistic else {}))
     return {**res, "adjustment": adjustment}
 
 
-def control_route(run_dir: Path, task_ids: list[str], a) -> dict | None:
-    """The control route (audit.control): the benchmark's statistics against the control tasks'."""
+def control_route(run_dir: Path, task_ids: list[str], a, groups=()) -> dict | None:
+    """The control route (audit.control): the benchmark's statistics against the control tasks';
+    ``groups``: the audited tasks' near-copy groups."""
     from leakray.evaluate.control_route import FILE, estimate_from_table
 
     path = run_dir / "control_scores" / FILE
     if not path.exists():
         return None
     return estimate_from_table(pq.read_table(path), task_ids, lam=a.lam, fdr=a.fdr, n_boot=min(a.bootstrap, 300),
-                               seed=a.shadow_seed, max_width=a.max_width, adjust=a.net_of_difficulty)
+                               seed=a.shadow_seed, max_width=a.max_width, adjust=a.net_of_difficulty, groups=groups)
 
 
 def rewrite_test(run_dir: Path, task_ids: list[str], a) -> dict | None:
@@ -492,7 +494,8 @@ def render_markdown(r: dict) -> str:
     lines = [
         f"# {r['title']}", "", head, "",
         f"- self-calibrated route ({sc.get('n_tested', 0)} tasks; likelihood ratio to the reference model "
-        f"{s.get('reference_model')}{NET if sc.get('adjustment') else ''}, null fitted on the target's own scores): "
+        f"{s.get('reference_model')}{NET if sc.get('adjustment') else ''}, null fitted on the target's own scores"
+        f"{_drawn_words(sc)}): "
         + (f"{_f(sc.get('estimate'), True)} ({_f((sc.get('ci') or [None])[0], True)}–"
            f"{_f((sc.get('ci') or [None, None])[1], True)})" if sc.get("estimate") is not None else "–")
         + ("" if sc.get("usable") else f" — not used: {sc.get('why_unusable')}"),
@@ -545,7 +548,7 @@ def _control_line(c: dict) -> str:
     test = c.get("test") or {}
     ex = c.get("exchangeability") or {}
     return (f"- control route ({c.get('n_tested', 0)} tasks against {c.get('n_control', 0)} control tasks, conformal "
-            "p-values): "
+            f"p-values{_drawn_words(c)}): "
             + (f"{_f(c.get('estimate'), True)} ({_f(c['ci'][0], True)}–{_f(c['ci'][1], True)}), at least "
                f"{_f(c.get('lower_bound'), True)} (one-sided 95%); benchmark > control: Mann–Whitney p "
                f"{test['p']:.2g}" if test and c.get("detected") is not None else "–")
@@ -553,6 +556,12 @@ def _control_line(c: dict) -> str:
                f"model's likelihood, {ex['log_length']['p']:.2g} on length)" if ex.get("ok") else "")
             + ("" if c.get("usable") else f" — not used: {c.get('why_unusable')}")
             + _left_out_words(c.get("near_copies_left_out")))
+
+
+def _drawn_words(route: dict) -> str:
+    """How a route's bootstrap drew the benchmark, where it is not task by task (`evaluate.resample`)."""
+    by = route.get("resampled_by") or "task"
+    return "" if by == "task" else f"; its interval's bootstrap drew each {by}"
 
 
 def _left_out_words(copies: list | None) -> str:

@@ -1,0 +1,88 @@
+"""The routes' bootstraps draw a benchmark's near-copies as one task (`evaluate.resample`): a pair
+counted as two independent draws makes the leaked fraction's interval too narrow."""
+
+import numpy as np
+
+from leakray.evaluate.resample import group_index, resampled_by, task_resamples
+
+
+def _benchmark(seed: int, n: int = 120):
+    """``n`` tasks, a fifth leaked (their statistic well above the clean bulk's)."""
+    rng = np.random.default_rng(seed)
+    return np.r_[rng.normal(0, 1, n - n // 5), rng.normal(4, 0.6, n // 5)], [f"t{i}" for i in range(n)]
+
+
+def _width(r: dict) -> float:
+    return r["ci"][1] - r["ci"][0]
+
+
+def test_without_groups_the_draws_are_the_task_by_task_ones():
+    units = group_index([f"t{i}" for i in range(50)], [["t1"], []])  # a group of one is no group
+    assert len(set(units)) == 50 and resampled_by(units) == "task"
+    a, b = np.random.default_rng(3), np.random.default_rng(3)
+    np.testing.assert_array_equal(task_resamples(units, 20, a), np.stack([b.integers(0, 50, 50) for _ in range(20)]))
+    assert a.integers(0, 10**9) == b.integers(0, 10**9)  # and the stream left where it was
+
+
+def test_a_group_is_drawn_whole_and_every_resample_keeps_the_benchmarks_size():
+    ids = [f"t{i}" for i in range(30)]
+    units = group_index(ids, [["t0", "t7", "t9"], ["t3", "t4"]])
+    assert units[0] == units[7] == units[9] != units[3] == units[4] and len(set(units)) == 27
+    assert "2 group(s)" in resampled_by(units)
+    rows = task_resamples(units, 200, np.random.default_rng(0))
+    assert rows.shape == (200, 30)
+    for r in rows:
+        for group in ([0, 7, 9], [3, 4]):
+            # a group's rows come in whole runs: the same number of each (the last run may be cut at 30)
+            counts = [int((r[:-3] == i).sum()) for i in group]
+            assert max(counts) - min(counts) <= 1
+    assert (rows == 0).any(axis=1).mean() > 0.5  # drawn often enough to have been checked
+
+
+def test_self_calibrated_interval_of_a_benchmark_read_twice_is_that_of_the_benchmark():
+    from leakray.evaluate.selfcal import estimate_empirical
+
+    for seed in range(3):
+        s, ids = _benchmark(seed)
+        twice, ids2 = np.r_[s, s], ids + [f"copy-{t}" for t in ids]
+        groups = [[t, f"copy-{t}"] for t in ids]
+        once = estimate_empirical(ids, s, [""] * len(s), n_boot=300, seed=1)
+        naive = estimate_empirical(ids2, twice, [""] * len(twice), n_boot=300, seed=1)
+        grouped = estimate_empirical(ids2, twice, [""] * len(twice), n_boot=300, seed=1, groups=groups)
+        assert grouped["estimate"] == naive["estimate"] == once["estimate"]
+        # every task counted twice: the interval claims sqrt(2) the tasks there are
+        assert _width(naive) < 0.8 * _width(once)
+        assert abs(_width(grouped) / _width(once) - 1) < 0.1
+        assert grouped["resampled_by"].startswith("near-copy group") and once["resampled_by"] == "task"
+
+
+def test_control_route_draws_the_benchmarks_groups_whole():
+    from leakray.evaluate.control_route import conformal_pvalues, estimate_control, leaked_share
+
+    narrower = 0
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        s, ids = _benchmark(seed, 80)
+        # many control tasks, so that the benchmark's own draws are what the interval's width is made of
+        control = rng.normal(0, 1, 1500)
+        ids2, twice = ids + [f"copy-{t}" for t in ids], np.r_[s, s]
+
+        def route(ids, s, **groups):
+            n = len(s)
+            return estimate_control(ids, s, [""] * n, control, ref_bench=np.zeros(n), ref_control=np.zeros(1500),
+                                    len_bench=np.ones(n), len_control=np.ones(1500), n_boot=300, seed=2, adjust=False,
+                                    **groups)
+
+        once, naive = route(ids, s), route(ids2, twice)
+        grouped = route(ids2, twice, groups=[[t, f"copy-{t}"] for t in ids])
+        assert grouped["estimate"] == naive["estimate"] == once["estimate"]
+        assert abs(_width(grouped) / _width(once) - 1) < 0.1
+        narrower += _width(naive) < 0.9 * _width(once)
+        assert naive["resampled_by"] == "task" and grouped["resampled_by"].startswith("near-copy group")
+    assert narrower >= 2
+    # without groups, the draws as before groups existed (each resample's benchmark rows, then its control rows)
+    draws = np.random.default_rng(2)
+    boots = [leaked_share(conformal_pvalues(twice[draws.integers(0, 160, 160)], control[draws.integers(0, 1500, 1500)]),
+                          0.5) for _ in range(300)]
+    lo, hi = np.percentile(boots, [2.5, 97.5])
+    assert naive["ci"] == [float(min(lo, naive["estimate"])), float(max(hi, naive["estimate"]))]
