@@ -59,7 +59,12 @@ def main() -> None:
     from leakray.schema import C, T
     import pyarrow as pa
 
-    from leakray.stages.collect import PARTS, EmbedStage, ExecuteStage, SampleStage, input_table, score_stage
+    from leakray.stages.collect import input_table
+    from leakray.stages.embed import EmbedStage
+    from leakray.stages.execute import ExecuteStage
+    from leakray.stages.rows import PARTS
+    from leakray.stages.sample import SampleStage
+    from leakray.stages.score import score_stage
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     model_path = args.model or str(ensure_base_model()[0])

@@ -103,7 +103,7 @@ class C:
     # list<float>[5]: wall time of the prefix, mask, greedy, next, question probes (0: off; older collections
     # have 3 or 4 entries)
     PROBE_SECONDS = "probe_seconds"
-    # list<float>[len(PARTS)]: this row's share of each collection part's busy time (stages.collect.PARTS)
+    # list<float>[len(PARTS)]: this row's share of each collection part's busy time (stages.rows.PARTS)
     PART_SECONDS = "part_seconds"
     # Not collected: added to a shadow table before its detectors fit (`detect.base.keyed_by_copies`).
     # The unit a learned detector's inner splits (validation split, cross-fitted folds) keep on one

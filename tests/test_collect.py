@@ -7,7 +7,8 @@ from leakray.data.humaneval import read_humaneval
 from leakray.data.tasks import continuation
 from leakray.models.sampler import SampleConfig
 from leakray.protocols.collection import collect
-from leakray.stages.collect import CollectConfig, ExecuteStage, finalize, input_table
+from leakray.stages.collect import CollectConfig, finalize, input_table
+from leakray.stages.execute import ExecuteStage
 from leakray.schema import C, T, collection_schema
 
 
@@ -45,7 +46,8 @@ def test_collect_local_writes_the_collection_schema(tiny_lm):
     assert d == 384 and len(row[C.GEN_EMBEDDING]) == 2 * d
     assert row[C.REF_LOSS] > 0
     # where the time went: every part ran (the model and encoder loads with the first batch)
-    from leakray.stages.collect import PARTS, collection_stats
+    from leakray.stages.collect import collection_stats
+    from leakray.stages.rows import PARTS
 
     parts = collection_stats(out, 1.0)["part_seconds"]
     assert set(parts) == set(PARTS) and parts["extra_passes"] == 0.0  # no upper case, variants, probes
@@ -93,10 +95,12 @@ class _FlakySampler:
 def test_a_row_that_fails_for_good_goes_to_the_errors_file(tmp_path):
     import pyarrow.parquet as pq
 
-    from leakray.stages.collect import SampleStage, collection_stats, score_stage
+    from leakray.stages.collect import collection_stats
+    from leakray.stages.sample import SampleStage
+    from leakray.stages.score import score_stage
 
     tasks = _tasks(3)
-    from leakray.stages.collect import ExtraColumns
+    from leakray.stages.sample import ExtraColumns
 
     stage = SampleStage.__new__(SampleStage)
     stage.sampler, stage.extra, stage.ref_sampler, stage.alt_sampler = _FlakySampler(k=2), ExtraColumns(), None, None
@@ -127,7 +131,7 @@ class _CrashingSampler(_FlakySampler):
 
 
 def _stage(sampler):
-    from leakray.stages.collect import ExtraColumns, SampleStage
+    from leakray.stages.sample import ExtraColumns, SampleStage
 
     stage = SampleStage.__new__(SampleStage)
     stage.sampler, stage.extra, stage.ref_sampler, stage.alt_sampler = sampler, ExtraColumns(), None, None
@@ -137,7 +141,8 @@ def _stage(sampler):
 def test_a_prompt_that_crashes_the_sampler_fails_its_row_alone(tmp_path):
     import pyarrow.parquet as pq
 
-    from leakray.stages.collect import collection_stats, score_stage
+    from leakray.stages.collect import collection_stats
+    from leakray.stages.score import score_stage
 
     tasks = _tasks(3)
     sampled = _stage(_CrashingSampler(2, {"HumanEval/0"}))(input_table(tasks, {}, set()))
@@ -183,7 +188,8 @@ def _with_completions(tasks, completions):
 
 
 def test_a_program_that_crashes_the_sandbox_harness_goes_to_the_errors_file(tmp_path):
-    from leakray.stages.collect import collection_stats, score_stage
+    from leakray.stages.collect import collection_stats
+    from leakray.stages.score import score_stage
     from leakray.schema import X
 
     tasks = _tasks(3)
@@ -230,14 +236,14 @@ def test_fault_barrier_is_a_no_op_unless_set_and_holds_until_released(tmp_path, 
     import threading
     import time
 
-    from leakray.stages import collect
+    from leakray.stages import rows
 
-    monkeypatch.delenv(collect.FAULT_BARRIER_ENV, raising=False)
-    collect.fault_barrier("SampleStage")  # unset: returns at once, writes nothing
+    monkeypatch.delenv(rows.FAULT_BARRIER_ENV, raising=False)
+    rows.fault_barrier("SampleStage")  # unset: returns at once, writes nothing
     assert list(tmp_path.iterdir()) == []
 
-    monkeypatch.setenv(collect.FAULT_BARRIER_ENV, str(tmp_path))
-    held = threading.Thread(target=collect.fault_barrier, args=("EmbedStage",))
+    monkeypatch.setenv(rows.FAULT_BARRIER_ENV, str(tmp_path))
+    held = threading.Thread(target=rows.fault_barrier, args=("EmbedStage",))
     held.start()
     ready = tmp_path / f"ready-EmbedStage-{os.getpid()}"
     end = time.monotonic() + 10
@@ -249,7 +255,7 @@ def test_fault_barrier_is_a_no_op_unless_set_and_holds_until_released(tmp_path, 
     (tmp_path / "release-EmbedStage").touch()
     held.join(5)
     assert not held.is_alive()
-    collect.fault_barrier("EmbedStage")  # released: passes without waiting
+    rows.fault_barrier("EmbedStage")  # released: passes without waiting
 
 
 def test_chain_builds_each_step_once_and_applies_them_in_order():
@@ -275,7 +281,10 @@ def test_the_encoder_runs_in_the_sampler_workers_or_in_a_pool_of_its_own():
     from dataclasses import replace
 
     from leakray.stages.base import Chain, StageResources
-    from leakray.stages.collect import EmbedStage, SampleStage, collect_steps, embed_device, score_stage
+    from leakray.stages.collect import collect_steps, embed_device
+    from leakray.stages.embed import EmbedStage
+    from leakray.stages.sample import SampleStage
+    from leakray.stages.score import score_stage
 
     cfg = CollectConfig(sample_resources=StageResources(2, 1.0, 1.0), embed_resources=StageResources(3, 0.0, 0.0))
     fused = collect_steps("model", cfg)
@@ -305,7 +314,7 @@ def test_embedding_a_batch_with_a_failed_row_keeps_the_others():
     import pyarrow as pa
 
     from leakray.schema import C
-    from leakray.stages.collect import EmbedStage
+    from leakray.stages.embed import EmbedStage
 
     class Stub:  # one vector per text, its length as its value: which text went where is checkable
         def embed(self, texts):
@@ -335,14 +344,14 @@ def test_embedding_a_batch_with_a_failed_row_keeps_the_others():
     (["endpoint_failed:http_429", "failed:sample_error:ValueError"], False), ([], False),
     (["prompt_truncated_left"], False)])
 def test_which_failed_rows_another_attempt_can_cure(notes, retry):
-    from leakray.stages.collect import row_retryable
+    from leakray.stages.rows import row_retryable
 
     assert row_retryable(notes) is retry
 
 
 def test_a_probe_failure_names_the_endpoints_reason_not_the_prompt():
     from leakray.models.endpoint_sampler import ProbeFailed
-    from leakray.stages.collect import failure_note
+    from leakray.stages.rows import failure_note
 
     assert failure_note(ProbeFailed("HumanEval/3#cut12", "http_429")) == "failed:sample_error:ProbeFailed:http_429"
     assert failure_note(ValueError("def secret_prompt(): ...")) == "failed:sample_error:ValueError"
@@ -450,7 +459,7 @@ def test_a_killed_collection_reads_back_its_rows_and_asks_only_for_the_rest(tiny
     from leakray.models.endpoint_server import CompletionServer, HFBackend
     from leakray.protocols.collection import collect_to
     from leakray.runs import KEPT, StageRunner, StageSpec
-    from leakray.stages import collect as stages
+    from leakray.stages import execute as stages
 
     tasks = [t for i, t in enumerate(_tasks(5)) if i != 1]  # HumanEval/1 is longer than the tiny model's context
     asked: list[str] = []

@@ -119,7 +119,7 @@ def test_sigkill_driver_then_resume_as_a_job_whose_actors_are_killed(ray_head, t
     released and the run goes on. The test fails if a finished stage is recomputed or a row is
     lost, duplicated or failed. (One sweep for both kinds of fault: a second one would fine-tune and
     collect a cell of its own for the same checks.)"""
-    from leakray.stages.collect import FAULT_BARRIER_ENV
+    from leakray.stages.rows import FAULT_BARRIER_ENV
 
     _, _, gcs, env = ray_head
     env = env_for(env, leakray_cache)

@@ -160,7 +160,7 @@ def _sample_through_stage(table, path, ccfg):
     """SampleStage as collect_steps builds it (model path and the typed configs), on the stand-in."""
     import pyarrow as pa
 
-    from leakray.stages.collect import SampleStage
+    from leakray.stages.sample import SampleStage
 
     stage = SampleStage(path, ccfg.sample, ccfg.extra)
     out = stage(pa.Table.from_pylist(table.to_pylist()[:2], schema=table.schema))

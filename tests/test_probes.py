@@ -124,7 +124,8 @@ def _tasks() -> pa.Table:
 
 
 def _probe_collection(model: str, sample) -> pa.Table:
-    from leakray.stages.collect import ExtraColumns, SampleStage, finalize
+    from leakray.stages.collect import finalize
+    from leakray.stages.sample import ExtraColumns, SampleStage
 
     stage = SampleStage(model, sample, ExtraColumns(probes=pr.PROBES, probe_tokens=32))
     return finalize(stage(_tasks()))
@@ -168,7 +169,8 @@ def test_the_greedy_probe_takes_advprompts_base_completion_instead_of_decoding_i
     decoding it alone. A row whose base slot is not its prompt is still decoded by the probe."""
     from leakray.models.hf_sampler import HFSampler
     from leakray.models.sampler import SampleConfig
-    from leakray.stages.collect import ExtraColumns, SampleStage, finalize
+    from leakray.stages.collect import finalize
+    from leakray.stages.sample import ExtraColumns, SampleStage
 
     sample = SampleConfig(k=1, max_new_tokens=48)
     tasks = _tasks()
@@ -543,7 +545,8 @@ def test_an_endpoint_without_echo_gives_sampled_logprobs_access(memorised):
     from leakray.models.endpoint_sampler import REF_LOSS_UNSUPPORTED
     from leakray.models.endpoint_server import CompletionServer, HFBackend
     from leakray.models.sampler import SampleConfig
-    from leakray.stages.collect import SampleStage, finalize
+    from leakray.stages.collect import finalize
+    from leakray.stages.sample import SampleStage
 
     refuse_echo = lambda body, _: "400:echo is not supported for this model" if body.get("echo") else None  # noqa: E731
     with CompletionServer(HFBackend(memorised), fault=refuse_echo) as srv:
@@ -594,7 +597,8 @@ def test_oracle_and_non_oracle_references_score_side_by_side(memorised, tiny_lm)
     filled into its own column; with the same model as both, the two detectors agree exactly,
     and the memorised task stands out against its base."""
     from leakray.models.sampler import SampleConfig
-    from leakray.stages.collect import ExtraColumns, SampleStage, finalize
+    from leakray.stages.collect import finalize
+    from leakray.stages.sample import ExtraColumns, SampleStage
 
     base = str(tiny_lm[0])
     stage = SampleStage(memorised, SampleConfig(k=1, max_new_tokens=8),

@@ -24,7 +24,8 @@ def test_the_plan_counts_every_request_a_collection_sends(tiny_lm):
     from leakray.features.probes import PROBES
     from leakray.models.endpoint_server import CompletionServer, HFBackend
     from leakray.models.sampler import SampleConfig
-    from leakray.stages.collect import ExtraColumns, SampleStage, finalize, input_table
+    from leakray.stages.collect import finalize, input_table
+    from leakray.stages.sample import ExtraColumns, SampleStage
     from leakray.stages.request_plan import collection_requests
 
     tasks = _tasks()
@@ -73,7 +74,8 @@ def test_the_plan_counts_what_a_collection_sends_through_the_chat_api(tiny_lm):
     from leakray.features.probes import PROBES
     from leakray.models.endpoint_server import CompletionServer, HFBackend
     from leakray.models.sampler import SampleConfig
-    from leakray.stages.collect import ExtraColumns, SampleStage, finalize, input_table
+    from leakray.stages.collect import finalize, input_table
+    from leakray.stages.sample import ExtraColumns, SampleStage
     from leakray.stages.request_plan import collection_requests
 
     tasks = _tasks()

@@ -61,7 +61,7 @@ class HFSampler:
         self._token_texts: dict[int, str] = {}  # token id -> its text alone (the next-token probe's draws)
 
     # the collection stage may hand this sampler a whole batch of tasks per call (see
-    # stages.collect.SampleStage): per-prompt degradations are then in each Samples' notes
+    # stages.sample.SampleStage): per-prompt degradations are then in each Samples' notes
     batches_tasks = True
 
     def sample(self, prompts: list[str], languages: list[str], keys: list[str], *,

@@ -64,7 +64,7 @@ class SampleConfig:
     # detectors and the sampled next-token probes do not run on it
     endpoint_api: str = "completions"
     chat_extra_tokens: int = 32  # chat: tokens added to each request's budget for a fence and a preamble
-    # a collection's rows that failed for a reason another attempt can cure (`stages.collect.row_retryable`:
+    # a collection's rows that failed for a reason another attempt can cure (`stages.rows.row_retryable`:
     # an endpoint's rate limit, 5xx, timeout or dropped connection outlasting max_retries) are sampled
     # again, this many more passes, each after the whole collection and a pause of row_retry_wait_s
     row_retries: int = 1

@@ -92,7 +92,7 @@ def planned_requests(table: pa.Table, cfg: CollectConfig) -> int:
     return collection_requests(tasks, cfg.sample, cfg.extra, adv if cfg.extra.advprompt else None).total.requests
 
 
-# where each sampler worker keeps what it asked an endpoint for (`stages.collect.write_usage`)
+# where each sampler worker keeps what it asked an endpoint for (`stages.sample.write_usage`)
 USAGE_DIR = "endpoint_usage"
 
 
@@ -125,7 +125,7 @@ def kept_rows(kept: Path) -> pa.Table | None:
     import pyarrow.parquet as pq
     from pyarrow import fs as pafs
 
-    from leakray.stages.collect import row_failed
+    from leakray.stages.rows import row_failed
     from leakray.storage import shared_dir
 
     root, filesystem = shared_dir(kept)
@@ -308,14 +308,14 @@ def wants_upper_case(cfg) -> bool:
 def wants_second_reference(cfg) -> bool:
     """Whether a requested detector reads the non-oracle reference model: its token log-probabilities
     (`ref_calibrated_nonoracle`) or its draws at the probes' cuts (the probes' `_nonoracle` variants)."""
-    from leakray.stages.collect import ALT_REFERENCE_COLUMNS
+    from leakray.stages.sample import ALT_REFERENCE_COLUMNS
 
     return reads_any(cfg, set(ALT_REFERENCE_COLUMNS))
 
 
 def wanted_probes(cfg) -> tuple[str, ...]:
     """The memory probes switched on that a requested detector reads."""
-    from leakray.stages.collect import PROBE_COLUMNS
+    from leakray.stages.sample import PROBE_COLUMNS
 
     return tuple(p for p in cfg.columns.probes if reads_any(cfg, set(PROBE_COLUMNS[p])))
 

@@ -57,7 +57,9 @@ def training_text(task: dict) -> str:
 
 def collect_config(cfg: SimulateConfig, base_path: str | None = None):
     from leakray.protocols.collection import wanted_probes, wants_advprompt, wants_upper_case
-    from leakray.stages.collect import CollectConfig, ExtraColumns, StageResources
+    from leakray.stages.base import StageResources
+    from leakray.stages.collect import CollectConfig
+    from leakray.stages.sample import ExtraColumns
 
     r, gpu = cfg.ray, cfg.ray.use_gpu
     ref_model = base_path if cfg.columns.reference_model == "base" else cfg.columns.reference_model
