@@ -114,6 +114,19 @@ class C:
     EXPERT_BLOCKS = (PERPLEXITY, CODEBLEU, EDIT_DISTANCE, PASSED)
 
 
+
+def filled_by(column: str) -> str | None:
+    """The config switch whose pass fills an optional collection column (None: the main pass, or a
+    value only some backends give): what a detector skipped for an empty column tells the user to turn on."""
+    for prefix, switch in (("refalt_", "columns.nonoracle_reference"), ("refmodel_", "columns.reference_model"),
+                           ("upper_", "columns.upper_case"), ("adv_", "columns.advprompt")):
+        if column.startswith(prefix):
+            return switch
+    probe = {C.PREFIX_CUTS: "prefix", C.PREFIX_COMPLETIONS: "prefix", C.MASK_SPANS: "mask",
+             C.MASK_COMPLETIONS: "mask", C.GREEDY_COMPLETION: "greedy", C.REWRITES: "greedy", C.NEXT_CUTS: "next",
+             C.NEXT_DRAWS: "next", C.QUESTION_CUTS: "question", C.QUESTION_DRAWS: "question"}.get(column)
+    return f"columns.probes ({probe})" if probe else None
+
 def collection_schema() -> pa.Schema:
     # protocols.detectors.SCORES_SCHEMA is a twin in shape only: another table (a detector's
     # scores, one row per task, detector and seed) that shares its first column names.

@@ -111,8 +111,16 @@ def test_missing_input_says_why():
     assert "lacks column 'ref_token_logprobs'" in missing_input(plain, registry.spec("min_k").columns)
     sch = collection_schema()
     empty = plain.append_column(sch.field(C.REF_TOKEN_LOGPROBS), pa.nulls(10, sch.field(C.REF_TOKEN_LOGPROBS).type))
-    assert "is empty" in missing_input(empty, registry.spec("min_k").columns)
+    # the main pass fills it: only a backend that gives no log-probabilities leaves it empty
+    assert missing_input(empty, registry.spec("min_k").columns) == \
+        "column 'ref_token_logprobs' is empty (the sampling backend could not fill it)"
     assert missing_input(plain, registry.spec("detectleak").columns) is None
+    # an optional pass's column names the switch that turns it on
+    for column, switch in ((C.REFALT_TOKEN_LOGPROBS, "columns.nonoracle_reference"),
+                           (C.REFMODEL_NEXT_DRAWS, "columns.reference_model"), (C.UPPER_PERPLEXITY, "columns.upper_case"),
+                           (C.ADV_EMBEDDING, "columns.advprompt"), (C.QUESTION_DRAWS, "columns.probes (question)")):
+        off = plain.append_column(sch.field(column), pa.nulls(10, sch.field(column).type))
+        assert f"is empty (its pass was switched off: {switch};" in missing_input(off, [column])
 
 
 @pytest.mark.parametrize("name", ["min_k", "cdd"])

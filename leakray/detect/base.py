@@ -27,7 +27,7 @@ from leakray.detect.arrays import scalar_column
 from leakray.detect.datafiles import read_meta, write_meta
 from leakray.errors import BadInput
 from leakray.evaluate.thresholds import DEFAULT_RULE, choose_threshold
-from leakray.schema import C
+from leakray.schema import C, filled_by
 
 FIT_KINDS = ("none", "local", "ray_train", "ray_tune")
 # What the auditor needs from the model, from least to most (a level allows every level before it):
@@ -121,8 +121,9 @@ def missing_input(table: pa.Table, columns: Iterable[str]) -> str | None:
             return f"collection lacks column {name!r}"
         col = table.column(name)
         if table.num_rows and col.null_count == table.num_rows:
-            return (f"column {name!r} is empty (its pass was switched off, e.g. columns.upper_case or "
-                    "columns.reference_model, or the sampling backend could not fill it)")
+            switch = filled_by(name)
+            return (f"column {name!r} is empty (its pass was switched off: {switch}; or the sampling backend could "
+                    "not fill it)" if switch else f"column {name!r} is empty (the sampling backend could not fill it)")
     return None
 
 
