@@ -178,3 +178,19 @@ def test_evaluate_advprompt_splits_the_target_by_its_copy_groups(monkeypatch):
     seen.clear()
     advprompt_part("graybox", target, target, [0], "shadow_max_mcc", 0)
     assert len(set(seen[0])) == n  # no groups: every task its own key
+
+
+def test_evaluate_detectors_draws_the_targets_copies_whole_in_its_intervals():
+    from leakray.protocols.detectors import evaluate_detectors
+
+    shadow = rich_collection(n=40, signal=1.0, seed=3, prefix="s")
+    target, groups = _twinned(n=30)  # the target holds every task twice
+    got = {}
+    for name, g in (("ignored", []), ("together", groups)):
+        m = evaluate_detectors(shadow, target, seeds=[0], detectors=["ref_loss"], bootstrap=400,
+                               copy_groups=g)["per_seed"]["ref_loss"][0]
+        got[name] = m
+    assert got["ignored"]["auc"] == got["together"]["auc"]
+    assert got["together"]["bootstrap"]["method"].endswith("near-copy groups drawn whole")
+    width = {k: m["auc_ci"][1] - m["auc_ci"][0] for k, m in got.items()}
+    assert width["together"] > 1.15 * width["ignored"], width

@@ -88,7 +88,8 @@ def test_write_report_states_thresholds_degenerate_seeds_negatives_intervals_sta
 
     report = write_report(run, cfg, {"total_this_invocation": 20.0})
 
-    assert report["threshold_rule"] == "shadow_fpr:0.05" and report["bootstrap"] == {"n_resamples": 200, "seed": 7}
+    assert report["threshold_rule"] == "shadow_fpr:0.05" and report["bootstrap"] == {"n_resamples": 200, "seed": 7,
+                                                                                      "groups_drawn_whole": 0}
     assert report["isolation"] == {"collect_shadow": "bwrap", "collect_target": "bwrap"}
     cg = report["detectors"]["cgmia"]
     assert cg["n_degenerate"] == 1 and cg["n_repeats"] == 2 and cg["n_neg"] == 42

@@ -86,3 +86,26 @@ def test_control_route_draws_the_benchmarks_groups_whole():
                           0.5) for _ in range(300)]
     lo, hi = np.percentile(boots, [2.5, 97.5])
     assert naive["ci"] == [float(min(lo, naive["estimate"])), float(max(hi, naive["estimate"]))]
+
+
+def test_detector_intervals_draw_a_group_whole():
+    """`binary_metrics`' AUC and TPR intervals (every detector's, in simulate and in cards): a target
+    whose every task is there twice gets the interval of its single copy, not a narrower one."""
+    from leakray.evaluate.metrics import binary_metrics
+
+    rng = np.random.default_rng(0)
+    y = np.r_[np.ones(40, int), np.zeros(40, int)]
+    s = rng.normal(size=80) + 1.0 * y
+    pred = (s > 0.5).astype(int)
+    once = binary_metrics(y, s, pred, n_bootstrap=2000, bootstrap_seed=3)
+    y2, s2, p2 = np.r_[y, y], np.r_[s, s], np.r_[pred, pred]
+    naive = binary_metrics(y2, s2, p2, n_bootstrap=2000, bootstrap_seed=3)
+    grouped = binary_metrics(y2, s2, p2, n_bootstrap=2000, bootstrap_seed=3, groups=np.r_[np.arange(80), np.arange(80)])
+    width = lambda m: m["auc_ci"][1] - m["auc_ci"][0]  # noqa: E731
+    assert grouped["auc"] == naive["auc"] == once["auc"]
+    assert width(naive) < 0.8 * width(once) and abs(width(grouped) / width(once) - 1) < 0.1
+    assert grouped["bootstrap"]["method"].endswith("near-copy groups drawn whole")
+    assert "near-copy" not in naive["bootstrap"]["method"]
+    # every row its own group: scipy's bootstrap, as before groups existed
+    alone = binary_metrics(y, s, pred, n_bootstrap=500, bootstrap_seed=3, groups=np.arange(80))
+    assert alone["auc_ci"] == binary_metrics(y, s, pred, n_bootstrap=500, bootstrap_seed=3)["auc_ci"]

@@ -13,7 +13,10 @@ Conventions
   ``zero_division=0``). Both carry their reason in ``reasons``.
 - Intervals: percentile bootstrap, resampling members and non-members separately (the
   class sizes stay fixed, as in the experiment), seeded: ``auc_ci`` and
-  ``tpr_at_5fpr_ci`` as [lo, hi].
+  ``tpr_at_5fpr_ci`` as [lo, hi]. With ``groups`` (one label per row: a benchmark's near-copies
+  share one, `resample.group_index`) a group is drawn whole (`resample.task_resamples`): a pair
+  drawn as two independent tasks narrows the interval. Without a group of two, scipy's bootstrap
+  as before.
 - Keys: tp fp tn fn n n_pos n_neg min_nonzero_fpr accuracy precision recall f1 mcc
   degenerate auc pr_auc tpr_at_1fpr tpr_at_5fpr auc_ci tpr_at_5fpr_ci bootstrap roc_curve
   pr_curve reasons.
@@ -97,9 +100,21 @@ def _tpr_at_fpr_batched(pos: np.ndarray, neg: np.ndarray, target: float, axis: i
 
 
 def bootstrap_interval(statistic, pos: np.ndarray, neg: np.ndarray, n_resamples: int = N_BOOTSTRAP,
-                       seed: int = BOOTSTRAP_SEED, confidence: float = CONFIDENCE) -> list[float]:
+                       seed: int = BOOTSTRAP_SEED, confidence: float = CONFIDENCE,
+                       groups: tuple[np.ndarray, np.ndarray] | None = None) -> list[float]:
     """Percentile bootstrap [lo, hi] of ``statistic(pos, neg, axis)``, members and non-members
-    resampled separately (stratified by class), seeded."""
+    resampled separately (stratified by class), seeded. ``groups``: (members' group labels,
+    non-members'), each group drawn whole (module doc)."""
+    if groups is not None:
+        from leakray.evaluate.resample import task_resamples
+
+        rng = np.random.default_rng(seed)
+        at_pos = task_resamples(groups[0], n_resamples, rng)
+        at_neg = task_resamples(groups[1], n_resamples, rng)
+        values = statistic(np.asarray(pos, float)[at_pos], np.asarray(neg, float)[at_neg], axis=-1)
+        tail = (1 - confidence) / 2 * 100
+        lo, hi = np.percentile(values, [tail, 100 - tail])
+        return [float(lo), float(hi)]
     res = bootstrap((np.asarray(pos, float), np.asarray(neg, float)), statistic, n_resamples=n_resamples,
                     paired=False, vectorized=True, confidence_level=confidence, method="percentile",
                     rng=np.random.default_rng(seed))
@@ -134,12 +149,16 @@ def _check(y_true, score, pred) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def binary_metrics(y_true, score, pred, *, n_bootstrap: int = N_BOOTSTRAP, bootstrap_seed: int = BOOTSTRAP_SEED,
-                   confidence: float = CONFIDENCE) -> dict[str, Any]:
+                   confidence: float = CONFIDENCE, groups=None) -> dict[str, Any]:
     """All metrics for one detector on one labelled split (see module doc for conventions).
 
-    ``n_bootstrap=0`` skips the intervals (they are then NaN with a reason).
+    ``n_bootstrap=0`` skips the intervals (they are then NaN with a reason). ``groups``: one label
+    per row, rows sharing one (near-copies) drawn together by the bootstrap.
     """
     y, s, p = _check(y_true, score, pred)
+    if groups is not None and len(groups) != len(y):
+        raise BadInput(f"groups has {len(groups)} rows, y_true {len(y)}", field="groups")
+    grouped = groups is not None and len(set(groups)) < len(y)
     nan = float("nan")
     reasons: dict[str, str] = {}
     tn, fp, fn, tp = (int(v) for v in confusion_matrix(y, p, labels=[0, 1]).ravel())
@@ -165,7 +184,8 @@ def binary_metrics(y_true, score, pred, *, n_bootstrap: int = N_BOOTSTRAP, boots
 
     ci_keys = ("auc_ci", f"tpr_at_{_pct(CI_FPR)}fpr_ci")
     out["bootstrap"] = {"n_resamples": int(n_bootstrap), "seed": int(bootstrap_seed), "confidence": confidence,
-                        "method": "percentile, members and non-members resampled separately"}
+                        "method": "percentile, members and non-members resampled separately"
+                                  + ("; near-copy groups drawn whole" if grouped else "")}
     if n_pos == 0 or n_neg == 0:
         why = f"one class only (n_pos={n_pos}, n_neg={n_neg})"
         for key in ("auc", "pr_auc", *(f"tpr_at_{_pct(a)}fpr" for a in FPR_TARGETS)):
@@ -183,10 +203,12 @@ def binary_metrics(y_true, score, pred, *, n_bootstrap: int = N_BOOTSTRAP, boots
             out[f"tpr_at_{_pct(a)}fpr"] = tpr_at_fpr(fpr, tpr, a)
         if n_bootstrap > 0:
             pos, neg = s[y == 1], s[y == 0]
-            out[ci_keys[0]] = bootstrap_interval(_auc_batched, pos, neg, n_bootstrap, bootstrap_seed, confidence)
+            # a group's rows in one class are drawn together (a group split across the classes is two)
+            by = (np.asarray(groups)[y == 1], np.asarray(groups)[y == 0]) if grouped else None
+            out[ci_keys[0]] = bootstrap_interval(_auc_batched, pos, neg, n_bootstrap, bootstrap_seed, confidence, by)
             out[ci_keys[1]] = bootstrap_interval(
                 lambda a, b, axis=-1: _tpr_at_fpr_batched(a, b, CI_FPR, axis), pos, neg, n_bootstrap,
-                bootstrap_seed, confidence)
+                bootstrap_seed, confidence, by)
         else:
             for key in ci_keys:
                 out[key] = [nan, nan]

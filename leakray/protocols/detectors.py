@@ -245,10 +245,11 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
     Seed-free detectors are stored with S.SEED = BASELINE_SEED. Shadow and target must not
     share a (benchmark, task_id) unless ``allow_task_overlap``. ``copy_groups``: the benchmark's
     near-copy groups (lists of task ids, `siblings.copy_groups`); a learned detector's inner splits
-    keep each on one side (`detect.base.keyed_by_copies`).
+    keep each on one side (`detect.base.keyed_by_copies`), and the target's intervals draw each whole.
     """
     from leakray.detect import registry
     from leakray.detect.base import FitContext, keyed_by_copies, missing_input
+    from leakray.evaluate.resample import group_index
     from leakray.executor.runtime import import_train_and_tune, submit_tasks
 
     config = config or CGMIAConfig()
@@ -268,8 +269,12 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
         raise BadInput(f"{len(overlap)} tasks are in both shadow and target, e.g. {sorted(overlap)[:3]}; "
                        "split by task or pass allow_task_overlap=True", field=C.TASK_ID)
     task_ids = [t for _, t in target_keys]
-    shadow_table = keyed_by_copies(shadow_table, [list(g) for g in copy_groups])  # task ids checked above
-    boot = {"n_bootstrap": int(bootstrap), "bootstrap_seed": int(bootstrap_seed)}
+    copy_groups = [list(g) for g in copy_groups]
+    shadow_table = keyed_by_copies(shadow_table, copy_groups)  # task ids checked above
+    # the target's intervals draw a near-copy group whole (`evaluate.resample`); none: as before
+    units = group_index(task_ids, copy_groups)
+    boot = {"n_bootstrap": int(bootstrap), "bootstrap_seed": int(bootstrap_seed),
+            "groups": units.tolist() if len(set(units.tolist())) < len(units) else None}
 
     per_seed: dict[str, list[dict]] = {}
     thresholds: dict[str, dict] = {}
@@ -357,7 +362,9 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
         "specs": {name: registry.spec(name).to_dict() for name in names},
         "detectors": names,
         "threshold_rule": threshold_rule,
-        "bootstrap": {"n_resamples": int(bootstrap), "seed": int(bootstrap_seed)},
+        "bootstrap": {"n_resamples": int(bootstrap), "seed": int(bootstrap_seed),
+                      # the target's near-copy groups each drawn as one task
+                      "groups_drawn_whole": int((np.bincount(units) > 1).sum()) if len(units) else 0},
         "seeds": seeds,
         "scores": pa.concat_tables(parts) if parts else SCORES_SCHEMA.empty_table(),
     }

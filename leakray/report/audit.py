@@ -484,7 +484,7 @@ def render_markdown(r: dict) -> str:
     lf, i, v = s["leaked_fraction"], s["inflation"], s["verdicts"]
     sc, cr = s.get("self_calibrated") or {}, s.get("card_route") or {}
     if lf["estimate"] is None:
-        head = f"**Leaked fraction: not estimated.** {lf['statement']}"
+        head = f"**Leaked fraction: not estimated.** {lf['statement'][:1].upper()}{lf['statement'][1:]}"
     else:
         head = (f"**Estimated leaked fraction: {_f(lf['estimate'], True)}** (95% CI {_f(lf['ci'][0], True)}–"
                 f"{_f(lf['ci'][1], True)}; {lf['route']} route)"

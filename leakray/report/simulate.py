@@ -260,7 +260,10 @@ def _low_fpr_note(r: dict) -> str:
                  + (": TPR@1%FPR counts only cuts with no false positive." if 1 / n > 0.01 else "."))
     if boot:
         note += (f" Intervals: 95% percentile bootstrap, {boot.get('n_resamples')} resamples of the target "
-                 f"stratified by class, seed {boot.get('seed')}; over several seeds the median of the per-seed bounds.")
+                 f"stratified by class, seed {boot.get('seed')}"
+                 + (f", each of the target's {boot['groups_drawn_whole']} near-copy group(s) drawn as one task"
+                    if boot.get("groups_drawn_whole") else "")
+                 + "; over several seeds the median of the per-seed bounds.")
     return note
 
 
