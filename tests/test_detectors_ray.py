@@ -41,7 +41,8 @@ def test_evaluate_detectors_plain():
     assert res["median"][CGMIA]["auc"] == pytest.approx(np.median(aucs))
     med = res["median"][CGMIA]
     assert med["n_neg"] == 50 and med["n_degenerate"] == 0 and med["auc_ci"][0] <= med["auc"] <= med["auc_ci"][1]
-    assert res["threshold_rule"] == "shadow_max_mcc" and res["bootstrap"] == {"n_resamples": 200, "seed": 0}
+    assert res["threshold_rule"] == "shadow_max_mcc" and res["bootstrap"] == {"n_resamples": 200, "seed": 0,
+                                                                                "groups_drawn_whole": 0}
     th = res["thresholds"]
     assert len(th[CGMIA]["values"]) == 3 and "out-of-fold" in th[CGMIA]["chosen_on"]
     assert th["detectleak"]["chosen_on"] == "shadow" and len(th["detectleak"]["values"]) == 1
