@@ -109,3 +109,22 @@ def test_detector_intervals_draw_a_group_whole():
     # every row its own group: scipy's bootstrap, as before groups existed
     alone = binary_metrics(y, s, pred, n_bootstrap=500, bootstrap_seed=3, groups=np.arange(80))
     assert alone["auc_ci"] == binary_metrics(y, s, pred, n_bootstrap=500, bootstrap_seed=3)["auc_ci"]
+
+
+def test_inflation_interval_draws_a_group_whole_and_is_unchanged_without_one():
+    from leakray.evaluate.inflation import inflation
+
+    rng = np.random.default_rng(1)
+    pass1 = np.r_[rng.uniform(0.4, 1.0, 20), rng.uniform(0.0, 0.5, 60)]
+    flagged = np.r_[np.ones(20, bool), np.zeros(60, bool)]
+    once = inflation(pass1, flagged, n_boot=2000, seed=4)
+    # the draws as before groups existed (rng.choice on each side)
+    draws = np.random.default_rng(4)
+    diffs = [draws.choice(pass1[:20], 20).mean() - draws.choice(pass1[20:], 60).mean() for _ in range(2000)]
+    assert once["difference_ci"] == np.percentile(diffs, [2.5, 97.5]).tolist()
+    assert inflation(pass1, flagged, n_boot=2000, seed=4, groups=np.arange(80))["difference_ci"] == once["difference_ci"]
+    twice, f2 = np.r_[pass1, pass1], np.r_[flagged, flagged]
+    naive = inflation(twice, f2, n_boot=2000, seed=4)
+    grouped = inflation(twice, f2, n_boot=2000, seed=4, groups=np.r_[np.arange(80), np.arange(80)])
+    width = lambda r: r["difference_ci"][1] - r["difference_ci"][0]  # noqa: E731
+    assert width(naive) < 0.8 * width(once) and abs(width(grouped) / width(once) - 1) < 0.1

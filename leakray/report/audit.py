@@ -19,6 +19,7 @@ from leakray.evaluate import selfcal
 from leakray.evaluate.audit_routes import card_estimate, decide, flags_of
 from leakray.data.registry import benchmark_path
 from leakray.evaluate.inflation import inflation, pass_at_1
+from leakray.evaluate.resample import group_index
 from leakray.models.host import fingerprint_line, host_fingerprint
 from leakray.report.rows import row_lines
 from leakray.report.advprompt_kinds import advprompt_kinds_line
@@ -162,7 +163,8 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
     if confirmed.any():  # near-duplicates are leaks whatever the detector says: a floor for the estimate
         decision["confirmed_share"] = float(confirmed.mean())
     pass1 = pass_at_1(target)
-    infl = inflation(pass1, verdict != "clean", n_boot=a.bootstrap, seed=a.shadow_seed)
+    infl = inflation(pass1, verdict != "clean", n_boot=a.bootstrap, seed=a.shadow_seed,
+                     groups=group_index(task_ids, groups))
     infl["null"] = inflation_null(card, task_ids, verdict != "clean", infl, a)
     # one story: the p- and q-values beside the verdicts are the flagging route's own
     pq_route = control_result if decision.get("flags_from") == "control" else selfcal_result
