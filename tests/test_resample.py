@@ -2,6 +2,7 @@
 counted as two independent draws makes the leaked fraction's interval too narrow."""
 
 import numpy as np
+import pytest
 
 from leakray.evaluate.resample import group_index, resampled_by, task_resamples
 
@@ -128,3 +129,21 @@ def test_inflation_interval_draws_a_group_whole_and_is_unchanged_without_one():
     grouped = inflation(twice, f2, n_boot=2000, seed=4, groups=np.r_[np.arange(80), np.arange(80)])
     width = lambda r: r["difference_ci"][1] - r["difference_ci"][0]  # noqa: E731
     assert width(naive) < 0.8 * width(once) and abs(width(grouped) / width(once) - 1) < 0.1
+
+
+def test_card_route_mixture_draws_the_targets_groups_whole():
+    from leakray.evaluate.card_route import mixture_estimate
+
+    rng = np.random.default_rng(2)
+    y = np.r_[np.ones(40, int), np.zeros(40, int)]
+    s = rng.normal(size=80) + 2.0 * y  # the card's held-out rows
+    t = np.r_[rng.normal(size=48), rng.normal(size=12) + 2.0]  # a target, a fifth leaked
+    once = mixture_estimate(t, y, s, n_boot=300, seed=1)
+    assert mixture_estimate(t, y, s, n_boot=300, seed=1, groups=np.arange(60)) == once  # the same draws
+    t2 = np.r_[t, t]
+    naive = mixture_estimate(t2, y, s, n_boot=300, seed=1)
+    grouped = mixture_estimate(t2, y, s, n_boot=300, seed=1, groups=np.r_[np.arange(60), np.arange(60)])
+    assert grouped["estimate"] == naive["estimate"]
+    width = lambda r: r["fixed_scale_ci"][1] - r["fixed_scale_ci"][0]  # noqa: E731
+    # drawn whole, the target read twice is the target read once (the card's rows are drawn alike)
+    assert width(grouped) == pytest.approx(width(once)) and width(naive) < width(once)

@@ -38,9 +38,10 @@ CONTROL_HINT = (f"Control tasks would test for a faint leak directly: give --con
 
 
 def card_estimate(target_score, val_y, val_s, prob, train_prior: float, *, fdr: float, seed: int = 0,
-                  n_boot: int = 200, max_width: float = 1.0) -> dict:
+                  n_boot: int = 200, max_width: float = 1.0, groups=None) -> dict:
     """The card route on the target's scores (NaN = not scored: a learned detector's own training
-    tasks are left out, so no target task is scored by a detector trained on it)."""
+    tasks are left out, so no target task is scored by a detector trained on it); ``groups``: one
+    label per target task, a near-copy group drawn whole by the mixture's bootstrap."""
     t = np.asarray(target_score, np.float64)
     ok = np.isfinite(t)
     out = {"route": "card", "n_scored": int(ok.sum()), "n_tasks": int(len(t))}
@@ -54,7 +55,8 @@ def card_estimate(target_score, val_y, val_s, prob, train_prior: float, *, fdr: 
     # the estimate reads the target's whole score distribution against the card's two (a count
     # above one cut, Forman's adjusted count, is kept beside it: measured on a pretraining-mixture
     # card, its exact-bound interval spanned most of [0, 1] where the mixture weight's did not)
-    mix = card_route.mixture_estimate(t[ok], val_y, val_s, n_boot=n_boot, seed=seed)
+    mix = card_route.mixture_estimate(t[ok], val_y, val_s, n_boot=n_boot, seed=seed,
+                                      groups=None if groups is None else np.asarray(groups)[ok])
     check = card_route.transfer_check(t[ok], val_y, val_s, n_boot=n_boot, seed=seed)
     est, (lo, hi) = mix["estimate"], mix["ci"]
     out.update(estimate=est, ci=[lo, hi], rates={k_: v for k_, v in rates.items() if k_ != "cut"},

@@ -146,13 +146,18 @@ def shifted_mixture_weight(t, s0, s1, steps: int = 41) -> tuple[float, float] | 
     return None if best is None else (best[1], best[2])
 
 
-def mixture_estimate(target, y, s, n_boot: int = 200, seed: int = 0) -> dict:
+def mixture_estimate(target, y, s, n_boot: int = 200, seed: int = 0, groups=None) -> dict:
     """The leaked fraction as the target's mixture weight between the card's non-member (F0) and
     member (F1) score distributions, with a 95% bootstrap interval that resamples the target's tasks
     *and* the card's rows (F0 and F1 are estimated from few shadow tasks: their uncertainty is in
-    the interval). Assumes what `transfer_check` tests: the target's scores are such a mixture."""
+    the interval). Assumes what `transfer_check` tests: the target's scores are such a mixture.
+    ``groups``: one label per target task (its near-copy group's, `resample.group_index`): a group
+    is drawn whole."""
+    from leakray.evaluate.resample import task_resamples
+
     t = np.asarray(target, np.float64)
-    t = t[np.isfinite(t)]
+    g = np.arange(len(t)) if groups is None else np.asarray(groups)
+    t, g = t[np.isfinite(t)], g[np.isfinite(t)]
     y, s = np.asarray(y, np.int64), np.asarray(s, np.float64)
     s0, s1 = s[y == 0], s[y == 1]
     est = mixture_weight(t, s0, s1)
@@ -161,7 +166,8 @@ def mixture_estimate(target, y, s, n_boot: int = 200, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     boots, shifted = [], []
     for _ in range(int(n_boot)):
-        bt, b0, b1 = rng.choice(t, len(t)), rng.choice(s0, len(s0)), rng.choice(s1, len(s1))
+        # the target's tasks (without groups: rng.choice's draws, as before), then the card's rows
+        bt, b0, b1 = t[task_resamples(g, 1, rng)[0]], rng.choice(s0, len(s0)), rng.choice(s1, len(s1))
         boots.append(mixture_weight(bt, b0, b1))
         shifted.append(shifted_mixture_weight(bt, b0, b1, steps=21))
     boots = np.asarray([b for b in boots if b is not None])

@@ -147,9 +147,10 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
     confirmed = np.array([t in evidence for t in task_ids])  # every pair reported cleared the screener's bar
 
     val_y, val_s = card.shadow_scores(primary)  # a detector that learns nothing: every shadow row
-    card_result = card_estimate(score, val_y, val_s, prob, float(val_y.mean()), fdr=a.fdr, seed=a.shadow_seed,
-                                n_boot=min(a.bootstrap, 200), max_width=a.max_width)
     groups = copy_groups(pairs)  # a near-copy group is one draw of the routes' bootstraps
+    card_result = card_estimate(score, val_y, val_s, prob, float(val_y.mean()), fdr=a.fdr, seed=a.shadow_seed,
+                                n_boot=min(a.bootstrap, 200), max_width=a.max_width,
+                                groups=group_index(task_ids, groups))
     selfcal_result = self_calibrated(target, a, groups)
     control_result = control_route(run_dir, task_ids, a, groups)
     if control_result is not None:  # control tasks left out as near-copies of benchmark tasks (load_control)
