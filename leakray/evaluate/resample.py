@@ -1,6 +1,6 @@
 """Bootstrap resamples of a benchmark's tasks that keep its near-copies together.
 
-A benchmark's near-copies (one solution under two task ids: HumanEval/56 ~ /61, 66 pairs among
+A benchmark's near-copies (one solution under two task ids: HumanEval/56 ~ /61, three pairs among
 MBJP's 874 tasks; `screen.siblings`) are one task read twice: a model that saw one has seen both,
 and their statistics move together. A bootstrap that resamples tasks one by one counts such a
 pair as two independent draws and its interval comes out too narrow. `task_resamples` draws
