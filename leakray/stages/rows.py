@@ -62,6 +62,13 @@ def add_part_seconds(batch: pa.Table, seconds: dict[str, list[float]]) -> pa.Tab
     return with_columns(batch, {C.PART_SECONDS: rows})
 
 
+def take_load(stage) -> float:
+    """A worker's model load time (``stage._load_s``, set by its constructor), handed out once: the
+    first batch the worker takes carries it, later ones 0."""
+    load, stage._load_s = getattr(stage, "_load_s", 0.0), 0.0
+    return load
+
+
 def timed_batch(part: str, load: float, t0: float, batch: pa.Table) -> pa.Table:
     """A whole-batch step's time (and a pending model load), split evenly over its rows."""
     n = max(1, batch.num_rows)

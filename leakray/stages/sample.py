@@ -17,7 +17,8 @@ import pyarrow as pa
 
 from leakray.models.sampler import SampleConfig
 from leakray.schema import C, T
-from leakray.stages.rows import add_part_seconds, failure_note, fault_barrier, or_none, pylist, row_failed, with_columns
+from leakray.stages.rows import (add_part_seconds, failure_note, fault_barrier, or_none, pylist, row_failed,
+                                 take_load, with_columns)
 
 LOG = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ class SampleStage:
                              C.REF_LOSS: float("nan"), C.NOTES: [failure_note(exc)]})
             for part, s in self._spent.items():
                 spent[part].append(s)
-        load, self._load_s = getattr(self, "_load_s", 0.0), 0.0
+        load = take_load(self)
         if load and rows:
             spent["load"] = [load / len(rows)] * len(rows)
         # every batch gets the same columns (a failed row's are null), even one whose rows all failed
