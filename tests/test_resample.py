@@ -134,16 +134,21 @@ def test_inflation_interval_draws_a_group_whole_and_is_unchanged_without_one():
 def test_card_route_mixture_draws_the_targets_groups_whole():
     from leakray.evaluate.card_route import mixture_estimate
 
-    rng = np.random.default_rng(2)
-    y = np.r_[np.ones(40, int), np.zeros(40, int)]
-    s = rng.normal(size=80) + 2.0 * y  # the card's held-out rows
-    t = np.r_[rng.normal(size=48), rng.normal(size=12) + 2.0]  # a target, a fifth leaked
-    once = mixture_estimate(t, y, s, n_boot=300, seed=1)
-    assert mixture_estimate(t, y, s, n_boot=300, seed=1, groups=np.arange(60)) == once  # the same draws
-    t2 = np.r_[t, t]
-    naive = mixture_estimate(t2, y, s, n_boot=300, seed=1)
-    grouped = mixture_estimate(t2, y, s, n_boot=300, seed=1, groups=np.r_[np.arange(60), np.arange(60)])
-    assert grouped["estimate"] == naive["estimate"]
     width = lambda r: r["fixed_scale_ci"][1] - r["fixed_scale_ci"][0]  # noqa: E731
-    # drawn whole, the target read twice is the target read once (the card's rows are drawn alike)
-    assert width(grouped) == pytest.approx(width(once)) and width(naive) < width(once)
+    widths = {"once": [], "naive": [], "grouped": []}
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        y = np.r_[np.ones(40, int), np.zeros(40, int)]
+        s = rng.normal(size=80) + 2.0 * y  # the card's held-out rows
+        t = np.r_[rng.normal(size=48), rng.normal(size=12) + 2.0]  # a target, a fifth leaked
+        once = mixture_estimate(t, y, s, n_boot=300, seed=1)
+        assert mixture_estimate(t, y, s, n_boot=300, seed=1, groups=np.arange(60)) == once  # the same draws
+        naive = mixture_estimate(np.r_[t, t], y, s, n_boot=300, seed=1)
+        grouped = mixture_estimate(np.r_[t, t], y, s, n_boot=300, seed=1, groups=np.r_[np.arange(60), np.arange(60)])
+        assert grouped["estimate"] == naive["estimate"]
+        for name, r in (("once", once), ("naive", naive), ("grouped", grouped)):
+            widths[name].append(width(r))
+    mean = {k: float(np.mean(v)) for k, v in widths.items()}
+    # the card's rows are drawn alike in all three: drawn whole, the target read twice is about the
+    # target read once (measured 0.95 of it), task by task narrower (0.85)
+    assert abs(mean["grouped"] / mean["once"] - 1) < 0.1 and mean["naive"] < 0.92 * mean["once"], mean

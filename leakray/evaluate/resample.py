@@ -44,14 +44,22 @@ def task_resamples(groups: np.ndarray, n_boot: int, rng: np.random.Generator) ->
     if len(labels) == n:  # no group of two: the task-by-task bootstrap, the same stream
         return np.stack([rng.integers(0, n, n) for _ in range(int(n_boot))]) if n_boot else np.zeros((0, n), np.int64)
     members = [np.flatnonzero(groups == g) for g in labels[np.argsort(first)]]  # in the rows' order
-    out = np.empty((int(n_boot), n), np.int64)
-    for b in range(int(n_boot)):
-        drawn, have = [], 0
-        while have < n:
-            for g in rng.integers(0, len(members), len(members)):
-                drawn.append(members[g])
-                have += len(members[g])
-                if have >= n:
-                    break
-        out[b] = np.concatenate(drawn)[:n]
-    return out
+    flat = np.concatenate(members)  # every group's rows, one after another
+    size = np.array([len(m) for m in members])
+    start = np.cumsum(size) - size
+    n_boot, n_groups = int(n_boot), len(members)
+    # each resample draws as many groups as there are (about n rows) and a few more (four sds of that
+    # many groups' row count), and as many again in the rare case that some resample is still short
+    extra = int(np.ceil(4 * np.sqrt(n_groups * size.var()))) + 2
+    drawn = rng.integers(0, n_groups, (n_boot, n_groups + extra))
+    while (size[drawn].sum(axis=1) < n).any():
+        drawn = np.concatenate([drawn, rng.integers(0, n_groups, (n_boot, n_groups))], axis=1)
+    lens = size[drawn]
+    # the drawn groups' rows in turn, the last one cut at n: row b's position p falls in the drawn group
+    # whose running row count first passes p (one search over all resamples, each shifted past the last)
+    shift = (np.arange(n_boot) * (int(lens.sum(axis=1).max()) + 1))[:, None]
+    ends = (np.cumsum(lens, axis=1) + shift).ravel()
+    at = (np.arange(n)[None, :] + shift).ravel()
+    slot = np.searchsorted(ends, at, side="right")
+    within = at - (ends[slot] - lens.ravel()[slot])
+    return flat[start[drawn.ravel()[slot]] + within].reshape(n_boot, n)
