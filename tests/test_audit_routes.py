@@ -337,15 +337,16 @@ def test_the_report_names_how_the_cards_shadow_leaked():
     from types import SimpleNamespace
 
     from leakray.config import AUDIT_DEFAULTS, AuditConfig, load_config
-    from leakray.report.audit import _leak_words, shadow_vs_target
+    from leakray.report.audit import shadow_vs_target
+    from leakray.report.audit_markdown import leak_words
 
     cfg = load_config([AUDIT_DEFAULTS], [], AuditConfig)
     mix = SimpleNamespace(meta={"shadow": {"base": "tiny", "leak": {"mode": "pretrain-mix", "dose": 16, "steps": 300}}})
     assert shadow_vs_target(mix, cfg)["shadow_leak"]["dose"] == 16
     before_leak_kinds = SimpleNamespace(meta={"shadow": {"base": "tiny"}})  # cards made before this was recorded
     assert shadow_vs_target(before_leak_kinds, cfg)["shadow_leak"] == {"mode": "finetune"}
-    assert _leak_words({"mode": "pretrain-mix", "dose": 16}) == "read each member 16 times in pretraining"
-    assert _leak_words({"mode": "finetune", "epochs": 15}) == "was fine-tuned on its members for 15 epochs"
+    assert leak_words({"mode": "pretrain-mix", "dose": 16}) == "read each member 16 times in pretraining"
+    assert leak_words({"mode": "finetune", "epochs": 15}) == "was fine-tuned on its members for 15 epochs"
 
 
 def _faint_card(rng, n=82, shift=1.8):

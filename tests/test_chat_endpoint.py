@@ -175,7 +175,8 @@ def test_the_report_says_the_target_was_read_through_a_chat_api():
     from types import SimpleNamespace as NS
 
     from leakray.report import html as rh
-    from leakray.report.audit import _chat_words, chat_api
+    from leakray.report.audit import chat_api
+    from leakray.report.audit_markdown import chat_words
 
     collected = {"rows_out": 4, "chat_answers": {chat.FENCED: 2, chat.REPEATED: 1}}  # the stage's stats
     cfg = NS(sample=NS(backend="openai", endpoint_api="chat"))
@@ -183,7 +184,7 @@ def test_the_report_says_the_target_was_read_through_a_chat_api():
     assert got == {"rows": 4, "answers": {chat.FENCED: 2, chat.PROSE: 0, chat.REPEATED: 1}}
     assert chat_api(NS(sample=NS(backend="openai", endpoint_api="completions")), collected) is None
     assert "rows whose answers were fenced 2, opened with a sentence 0, wrote the given code out again 1, of 4" \
-        in _chat_words(got)
+        in chat_words(got)
     page = rh.render_audit({"summary": {"access": "sampled logprobs", "detectors_run": ["gt_match", "cdd"],
                                         "chat_api": got}}, [])
     assert "detectors run: gt_match, cdd" in page and "through a chat API (4 rows; answers fenced 2" in page

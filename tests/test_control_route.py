@@ -143,7 +143,7 @@ def test_control_tasks_that_nearly_copy_a_benchmark_task_are_left_out_and_named(
 
     from leakray.data.registry import load_benchmark
     from leakray.protocols.control_scores import load_control
-    from leakray.report.audit import _control_line
+    from leakray.report.audit_markdown import control_line
 
     bench = load_benchmark("humaneval")[:40]
     he = {t[T.TASK_ID]: t for t in bench}
@@ -157,7 +157,7 @@ def test_control_tasks_that_nearly_copy_a_benchmark_task_are_left_out_and_named(
     kept, copies = load_control(f"fresh={path}", bench)
     assert [t[T.TASK_ID] for t in kept] == ["Fresh/2"]
     assert [c[:2] for c in copies] == [["Fresh/1", "HumanEval/1"]] and 0.7 <= copies[0][2] < 1
-    line = _control_line({"n_tested": 40, "n_control": 1, "usable": False, "why_unusable": "too few",
+    line = control_line({"n_tested": 40, "n_control": 1, "usable": False, "why_unusable": "too few",
                           "near_copies_left_out": copies})
     assert "1 control task left out as near-copies of benchmark tasks, which the target may have read with " \
            "them (Fresh/1 ~ HumanEval/1)" in line

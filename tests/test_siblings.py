@@ -67,7 +67,8 @@ def test_short_or_different_texts_are_no_copies():
 
 
 def test_the_report_names_clean_copies_of_flagged_tasks():
-    from leakray.report.audit import benchmark_near_copies, near_copies_words
+    from leakray.report.audit import benchmark_near_copies
+    from leakray.report.audit_markdown import near_copies_words
     from leakray.screen.siblings import task_near_copies
 
     tasks = load_benchmark("humaneval")
@@ -267,8 +268,8 @@ def test_crossfit_leaves_out_near_copies_of_the_cards_fit_tasks():
     assert got["copies_of_fit_tasks"] == ["d"] and got["left_out_tasks"] == 3
     assert np.isnan(scores["learned"][[0, 1, 3]]).all() and scores["learned"][[2, 4]].tolist() == [2.0, 4.0]
     assert scores["plain"].tolist() == [0, 1, 2, 3, 4]  # a detector that learns nothing scores every task
-    from leakray.report.audit import _copies_of_fit_words
+    from leakray.report.audit_markdown import copies_of_fit_words
 
-    assert _copies_of_fit_words(got["copies_of_fit_tasks"]) == \
+    assert copies_of_fit_words(got["copies_of_fit_tasks"]) == \
         ", none of them a near-copy of a training task (1 such left out: d)"
-    assert _copies_of_fit_words([]) == ""
+    assert copies_of_fit_words([]) == ""

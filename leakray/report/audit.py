@@ -20,10 +20,8 @@ from leakray.evaluate.audit_routes import card_estimate, decide, flags_of
 from leakray.data.registry import benchmark_path
 from leakray.evaluate.inflation import inflation, pass_at_1
 from leakray.evaluate.resample import group_index
-from leakray.models.host import fingerprint_line, host_fingerprint
-from leakray.report.rows import row_lines
-from leakray.report.advprompt_kinds import advprompt_kinds_line
-from leakray.report.costs import time_by_stage
+from leakray.models.host import host_fingerprint
+from leakray.report.audit_markdown import render_markdown
 from leakray.runs import MARKER, write_json_atomic
 from leakray.screen.siblings import SIBLINGS, copy_groups, task_near_copies
 from leakray.schema import C, P, S, T
@@ -263,13 +261,6 @@ def crossfit_scores(card: DetectorCard, task_ids: list[str], scores: dict[str, n
                    "near-copy of a task they trained on"}
 
 
-def _copies_of_fit_words(copies: list[str] | None) -> str:
-    if not copies:
-        return ""
-    return (f", none of them a near-copy of a training task ({len(copies)} such left out: "
-            f"{', '.join(copies[:5])}{' …' if len(copies) > 5 else ''})")
-
-
 def chat_api(cfg, collected: dict) -> dict | None:
     """For a target read through a chat API (`sample.endpoint_api=chat`): how many rows' answers
     needed their fences, a sentence or the given code taken off (the target collection's stats,
@@ -281,15 +272,6 @@ def chat_api(cfg, collected: dict) -> dict | None:
     answers = collected.get("chat_answers") or {}
     return {"rows": collected.get("rows_out"),
             "answers": {n: answers.get(n, 0) for n in (chat.FENCED, chat.PROSE, chat.REPEATED)}}
-
-
-def _chat_words(c: dict | None) -> str:
-    if not c:
-        return ""
-    a = c["answers"]
-    return (f" (through its chat API: no `echo`, no one-token draws; rows whose answers were fenced "
-            f"{a['chat_answer_fenced']}, opened with a sentence {a['chat_answer_prose_before_code']}, wrote the given "
-            f"code out again {a['chat_answer_repeated_the_code']}, of {c['rows']})")
 
 
 def self_calibrated(target: pa.Table, a, groups=()) -> dict:
@@ -362,13 +344,6 @@ def shadow_vs_target(card: DetectorCard, cfg) -> dict:
     return {"shadow_base": shadow, "target": target, "differ": differ, "note": note, "shadow_leak": leak}
 
 
-def _leak_words(leak: dict | None) -> str:
-    leak = leak or {"mode": "finetune"}
-    if leak.get("mode") == "pretrain-mix":
-        return f"read each member {leak.get('dose')} times in pretraining"
-    return "was fine-tuned on its members" + (f" for {leak['epochs']} epochs" if leak.get("epochs") else "")
-
-
 def _per_task(result: dict | None, n: int, key: str) -> np.ndarray:
     return np.full(n, np.nan) if result is None else result["per_task"][key]
 
@@ -408,27 +383,6 @@ def benchmark_near_copies(pairs: list[tuple[str, str, float]], task_ids: list[st
     clean = [t for t in task_ids if t in of and t not in flagged and any(o in flagged for o in of[t])]
     return {"threshold": SIBLINGS.threshold, "ngram": SIBLINGS.ngram, "pairs": [list(p) for p in pairs], "of": of,
             "clean_copies_of_flagged": clean}
-
-
-def near_copies_words(c: dict | None) -> str:
-    """The report's sentence on near-copies inside the benchmark ("" when there are none)."""
-    if not c or not c.get("pairs"):
-        return ""
-    pairs, clean = c["pairs"], c["clean_copies_of_flagged"]
-    shown = ", ".join(f"{a} ~ {b} ({j:.2f})" for a, b, j in pairs[:5]) + (
-        f" and {len(pairs) - 5} more" if len(pairs) > 5 else "")
-    kept = ""
-    if clean:
-        one = len(clean) == 1
-        where = ("is removed from the cleaned file with it" if one else "are removed from the cleaned file with them") \
-            if c.get("dropped") else (f"{'stays' if one else 'stay'} in the cleaned file "
-                                      "(`audit.cleaned_near_copies=keep`)")
-        kept = (f"; {len(clean)} clean {'task is a near-copy' if one else 'tasks are near-copies'} of a flagged one "
-                f"and {where}: {', '.join(clean)}")
-    return (f" Near-copies inside the benchmark (solutions at Jaccard ≥ {c['threshold']} of their "
-            f"{c.get('ngram', 2)}-token shingles): "
-            f"{len(pairs)} pair{'' if len(pairs) == 1 else 's'}: {shown}. A model that saw one task of a pair saw the "
-            f"other's solution too{kept} (`near_copies` in samples.parquet).")
 
 
 def export_cleaned(cfg, tasks: list[dict], flagged: set[str], run_dir: Path, also: Iterable[str] = ()) -> dict:
@@ -471,108 +425,6 @@ def export_cleaned(cfg, tasks: list[dict], flagged: set[str], run_dir: Path, als
 
 def _stages(run_dir: Path) -> dict:
     return {p.parent.name: json.loads(p.read_text()) for p in sorted(run_dir.glob(f"*/{MARKER}"))}
-
-
-def _f(v, pct: bool = False) -> str:
-    if v is None or (isinstance(v, float) and np.isnan(v)):
-        return "–"
-    return f"{v:.1%}" if pct else f"{v:.3f}"
-
-
-NET = ", net of each task's difficulty and length"
-
-
-def render_markdown(r: dict) -> str:
-    s = r["summary"]
-    lf, i, v = s["leaked_fraction"], s["inflation"], s["verdicts"]
-    sc, cr = s.get("self_calibrated") or {}, s.get("card_route") or {}
-    if lf["estimate"] is None:
-        head = f"**Leaked fraction: not estimated.** {lf['statement'][:1].upper()}{lf['statement'][1:]}"
-    else:
-        head = (f"**Estimated leaked fraction: {_f(lf['estimate'], True)}** (95% CI {_f(lf['ci'][0], True)}–"
-                f"{_f(lf['ci'][1], True)}; {lf['route']} route)"
-                + (f"; planted truth {_f(lf['truth'], True)}" if lf.get("truth") is not None else "")
-                + (f". {lf['caveat'][0].upper()}{lf['caveat'][1:]}." if lf.get("caveat") else ""))
-    null = i.get("null") or {}
-    lines = [
-        f"# {r['title']}", "", head, "",
-        f"- self-calibrated route ({sc.get('n_tested', 0)} tasks; likelihood ratio to the reference model "
-        f"{s.get('reference_model')}{NET if sc.get('adjustment') else ''}, null fitted on the target's own scores"
-        f"{_drawn_words(sc)}): "
-        + (f"{_f(sc.get('estimate'), True)} ({_f((sc.get('ci') or [None])[0], True)}–"
-           f"{_f((sc.get('ci') or [None, None])[1], True)})" if sc.get("estimate") is not None else "–")
-        + ("" if sc.get("usable") else f" — not used: {sc.get('why_unusable')}"),
-        *([_control_line(s["control"])] if s.get("control") else []),
-        f"- access: {s.get('access', '–')}{_chat_words(s.get('chat_api'))} — detectors run: "
-        f"{', '.join(s.get('detectors_run') or []) or 'none'}",
-        f"- card route ({s['primary_detector']}, rates off the rows that chose its cut; the card's shadow "
-        f"{_leak_words((s.get('shadow_vs_target') or {}).get('shadow_leak'))}): "
-        + (f"{_f(cr.get('estimate'), True)} ({_f(cr['ci'][0], True)}–{_f(cr['ci'][1], True)})"
-           if cr.get("estimate") is not None else "–")
-        + ("" if cr.get("usable") else f" — not used: {cr.get('why_unusable')}"),
-        f"- cross-fitting: {', '.join(s['crossfit']['detectors']) or 'no learned detector'} scored only the "
-        f"{s['n_tasks'] - s['crossfit']['left_out_tasks']} tasks the card held out from their training"
-        + _copies_of_fit_words(s["crossfit"].get("copies_of_fit_tasks"))
-        + (f"; {s['shadow_vs_target']['note']}" if s['shadow_vs_target'].get("note") else ""), "",
-        f"Verdicts over {s['n_tasks']} samples: {v['confirmed']} confirmed (near-duplicate in the corpus), "
-        f"{v['suspected']} suspected ({s['suspected_means']}), {v['clean']} clean."
-        + near_copies_words(s.get("near_copies")), "",
-        f"pass@1: flagged {_f(i['pass1_flagged'])}, clean {_f(i['pass1_clean'])}, ratio {_f(i['ratio'])}"
-        + (f" (95% CI {_f(i['ratio_ci'][0])}–{_f(i['ratio_ci'][1])})" if i.get("ratio_ci") else "")
-        + (f" — {i['why']}" if i.get("why") else "")
-        + f". Score on all samples {_f(i['score_all'])}, on clean samples only {_f(i['score_clean'])}."
-        + (f" A leak-free model (the card's shadow on tasks it never saw) shows a flagged − clean difference of "
-           f"{_f(null['difference'])}; the excess is {_f(null.get('excess_difference'))}."
-           if null.get("difference") is not None else ""), "",
-        f"Detector card {s['card']}; calibration {r['calibration']['method']} (Brier {r['calibration']['brier']:.3f} "
-        f"vs {r['calibration']['brier_uncalibrated']:.3f} for the base rate). Cleaned benchmark: "
-        f"{r['cleaned'].get('path') or r['cleaned'].get('error')} ({r['cleaned']['removed']} removed"
-        + (f"; the {r['cleaned']['not_audited']} tasks past benchmark.limit were not audited and are left out"
-           if r['cleaned'].get('not_audited') else "") + ").", "",
-        "| detector | family | shadow-validation AUC | 95% CI | TPR@5%FPR |" + (" AUC on the target (truth) |" if r.get("truth") else ""),
-        "|---|---|---|---|---|" + ("---|" if r.get("truth") else ""),
-    ]
-    for name, d in sorted(r["detectors"].items(), key=lambda kv: -(kv[1]["auc"] or 0)):
-        ci = d.get("auc_ci") or [None, None]
-        lines.append(f"| {name} | {d['family']} | {_f(d['auc'])} | {_f(ci[0])}–{_f(ci[1])} | {_f(d['tpr_at_5fpr'])} |"
-                     + (f" {_f(d.get('target_auc'))} |" if r.get("truth") else ""))
-    lines += advprompt_kinds_line(r.get("config"), r["detectors"])
-    if r.get("skipped"):
-        lines += ["", "Not run: " + "; ".join(f"{k} ({v})" for k, v in r["skipped"].items())]
-    lines += row_lines(r.get("stages") or {})
-    if (r.get("environment") or {}).get("cpu"):
-        lines += ["", fingerprint_line(r["environment"])]
-    lines += time_by_stage(r.get("stages") or {}, r.get("timings_s") or {})
-    lines += ["", "Per-sample verdicts: samples.parquet and report.html."]
-    return "\n".join(lines) + "\n"
-
-
-def _control_line(c: dict) -> str:
-    test = c.get("test") or {}
-    ex = c.get("exchangeability") or {}
-    return (f"- control route ({c.get('n_tested', 0)} tasks against {c.get('n_control', 0)} control tasks, conformal "
-            f"p-values{_drawn_words(c)}): "
-            + (f"{_f(c.get('estimate'), True)} ({_f(c['ci'][0], True)}–{_f(c['ci'][1], True)}), at least "
-               f"{_f(c.get('lower_bound'), True)} (one-sided 95%); benchmark > control: Mann–Whitney p "
-               f"{test['p']:.2g}" if test and c.get("detected") is not None else "–")
-            + (f"; control tasks like the benchmark's (KS p {ex['reference_loglik_per_char']['p']:.2g} on the reference "
-               f"model's likelihood, {ex['log_length']['p']:.2g} on length)" if ex.get("ok") else "")
-            + ("" if c.get("usable") else f" — not used: {c.get('why_unusable')}")
-            + _left_out_words(c.get("near_copies_left_out")))
-
-
-def _drawn_words(route: dict) -> str:
-    """How a route's bootstrap drew the benchmark, where it is not task by task (`evaluate.resample`)."""
-    by = route.get("resampled_by") or "task"
-    return "" if by == "task" else f"; its interval's bootstrap drew each {by}"
-
-
-def _left_out_words(copies: list | None) -> str:
-    if not copies:
-        return ""
-    shown = ", ".join(f"{c} ~ {b}" for c, b, _ in copies[:3]) + (" …" if len(copies) > 3 else "")
-    return (f"; {len(copies)} control task{'' if len(copies) == 1 else 's'} left out as near-copies of benchmark "
-            f"tasks, which the target may have read with them ({shown})")
 
 
 def closest_completion(table: pa.Table) -> tuple[list[str | None], list[float | None]]:
