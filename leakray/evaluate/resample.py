@@ -27,9 +27,14 @@ def group_index(task_ids: Sequence[str], groups: Sequence[Sequence[str]]) -> np.
     return out
 
 
+def drawn_whole(groups: np.ndarray) -> int:
+    """How many groups of two or more rows these labels (`group_index`) hold."""
+    return int((np.bincount(np.asarray(groups)) > 1).sum()) if len(groups) else 0
+
+
 def resampled_by(groups: np.ndarray) -> str:
     """What a bootstrap over rows with these group labels draws, for a report."""
-    copies = int((np.bincount(np.asarray(groups)) > 1).sum()) if len(groups) else 0
+    copies = drawn_whole(groups)
     return (f"near-copy group ({copies} group(s) of 2 or more tasks drawn whole, every other task alone)"
             if copies else "task")
 

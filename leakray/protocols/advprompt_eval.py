@@ -51,10 +51,10 @@ def evaluate_advprompt(shadow: pa.Table, target: pa.Table, seeds, *, threshold_r
             break
         held = ap.take(ta, test)
         score = det.predict_log_odds(held)
-        keys = np.asarray(held["task_id"]).astype(str)  # a near-copy group's key (`keyed_by_copies`): drawn whole
         per_seed["advprompt_graybox"].append({**binary_metrics(held["member"], score,
                                                                apply_threshold(score, th["value"]), **boot,
-                                                               groups=keys if len(set(keys)) < len(keys) else None),
+                                                               # a near-copy group's key (`keyed_by_copies`): drawn whole
+                                                               groups=np.asarray(held["task_id"]).astype(str)),
                                               "threshold": th})
         thresholds.setdefault("advprompt_graybox", {"rule": threshold_rule, "chosen_on": th["chosen_on"],
                                                     "values": []})

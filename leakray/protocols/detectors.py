@@ -249,7 +249,7 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
     """
     from leakray.detect import registry
     from leakray.detect.base import FitContext, keyed_by_copies, missing_input
-    from leakray.evaluate.resample import group_index
+    from leakray.evaluate.resample import drawn_whole, group_index
     from leakray.executor.runtime import import_train_and_tune, submit_tasks
 
     config = config or CGMIAConfig()
@@ -273,8 +273,7 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
     shadow_table = keyed_by_copies(shadow_table, copy_groups)  # task ids checked above
     # the target's intervals draw a near-copy group whole (`evaluate.resample`); none: as before
     units = group_index(task_ids, copy_groups)
-    boot = {"n_bootstrap": int(bootstrap), "bootstrap_seed": int(bootstrap_seed),
-            "groups": units.tolist() if len(set(units.tolist())) < len(units) else None}
+    boot = {"n_bootstrap": int(bootstrap), "bootstrap_seed": int(bootstrap_seed), "groups": units.tolist()}
 
     per_seed: dict[str, list[dict]] = {}
     thresholds: dict[str, dict] = {}
@@ -364,7 +363,7 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
         "threshold_rule": threshold_rule,
         "bootstrap": {"n_resamples": int(bootstrap), "seed": int(bootstrap_seed),
                       # the target's near-copy groups each drawn as one task
-                      "groups_drawn_whole": int((np.bincount(units) > 1).sum()) if len(units) else 0},
+                      "groups_drawn_whole": drawn_whole(units)},
         "seeds": seeds,
         "scores": pa.concat_tables(parts) if parts else SCORES_SCHEMA.empty_table(),
     }

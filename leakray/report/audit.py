@@ -146,9 +146,10 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
 
     val_y, val_s = card.shadow_scores(primary)  # a detector that learns nothing: every shadow row
     groups = copy_groups(pairs)  # a near-copy group is one draw of the routes' bootstraps
+    units = group_index(task_ids, groups)
     card_result = card_estimate(score, val_y, val_s, prob, float(val_y.mean()), fdr=a.fdr, seed=a.shadow_seed,
                                 n_boot=min(a.bootstrap, 200), max_width=a.max_width,
-                                groups=group_index(task_ids, groups))
+                                groups=units)
     selfcal_result = self_calibrated(target, a, groups)
     control_result = control_route(run_dir, task_ids, a, groups)
     if control_result is not None:  # control tasks left out as near-copies of benchmark tasks (load_control)
@@ -163,7 +164,7 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
         decision["confirmed_share"] = float(confirmed.mean())
     pass1 = pass_at_1(target)
     infl = inflation(pass1, verdict != "clean", n_boot=a.bootstrap, seed=a.shadow_seed,
-                     groups=group_index(task_ids, groups))
+                     groups=units)
     infl["null"] = inflation_null(card, task_ids, verdict != "clean", infl, a)
     # one story: the p- and q-values beside the verdicts are the flagging route's own
     pq_route = control_result if decision.get("flags_from") == "control" else selfcal_result

@@ -44,7 +44,7 @@ class CollectConfig:
     embed_resources: StageResources = field(default_factory=lambda: StageResources(1, 0.0))
     embed_with_sampler: bool = True  # the encoder in the sampler's workers, no pool of its own
     batch_size: int = 8  # tasks per batch through every stage
-    extra: "ExtraColumns" = field(default_factory=lambda: ExtraColumns())
+    extra: ExtraColumns = field(default_factory=ExtraColumns)
 
 
 def embed_device(cfg: CollectConfig) -> str:

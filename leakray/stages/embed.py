@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from leakray.schema import C
-from leakray.stages.rows import fault_barrier, pylist, take_load, timed_batch, with_columns
+from leakray.stages.rows import pylist, run_timed, with_columns
 from leakray.stages.score import solutions
 
 
@@ -26,9 +26,7 @@ class EmbedStage:
         self._load_s = time.perf_counter() - t0
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        fault_barrier("EmbedStage")
-        t0 = time.perf_counter()
-        return timed_batch("embed", take_load(self), t0, self._embed(batch))
+        return run_timed(self, "embed", self._embed, batch)
 
     def _embed(self, batch: pa.Table) -> pa.Table:
         completions, refs = solutions(batch)

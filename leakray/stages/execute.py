@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from leakray.data.tasks import program_of
 from leakray.schema import C, T, X
-from leakray.stages.rows import fault_barrier, pylist, row_failed, take_load, timed_batch, with_columns
+from leakray.stages.rows import pylist, row_failed, run_timed, with_columns
 
 LOG = logging.getLogger(__name__)
 
@@ -27,9 +27,7 @@ class ExecuteStage:
         self._load_s = time.perf_counter() - t0
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        fault_barrier("ExecuteStage")
-        t0 = time.perf_counter()
-        return timed_batch("execute", take_load(self), t0, self._execute(batch))
+        return run_timed(self, "execute", self._execute, batch)
 
     def _execute(self, batch: pa.Table) -> pa.Table:
         rows = batch.select([C.TASK_ID, C.LANGUAGE, C.PROMPT, C.COMPLETIONS, T.TESTS, T.RUNNER]).to_pylist()

@@ -69,6 +69,14 @@ def take_load(stage) -> float:
     return load
 
 
+def run_timed(stage, part: str, work, batch: pa.Table) -> pa.Table:
+    """A whole-batch step: its fault barrier (named by the stage's class), then ``work(batch)``,
+    timed as ``part`` with the worker's pending model load (`take_load`)."""
+    fault_barrier(type(stage).__name__)
+    t0, load = time.perf_counter(), take_load(stage)
+    return timed_batch(part, load, t0, work(batch))
+
+
 def timed_batch(part: str, load: float, t0: float, batch: pa.Table) -> pa.Table:
     """A whole-batch step's time (and a pending model load), split evenly over its rows."""
     n = max(1, batch.num_rows)
