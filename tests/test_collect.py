@@ -539,3 +539,20 @@ def test_a_collections_console_line_says_in_words_what_its_programs_did():
     assert summary_line({"rows_out": 8, "exec_status": {"passed": 16}, "parse_failures": {"x": 1}}) == \
         "8 tasks, 16 programs: 16 passed"  # the audit's line leaves CodeBLEU out
     assert summary_line({"rows_out": 0}) == "0 tasks"
+
+
+def test_a_stage_run_by_ray_datas_wrapper_keeps_its_fault_barrier_name(monkeypatch):
+    """Ray Data runs a class step as a subclass of it (`_SingleThreadedWrapper`): the fault tests wait
+    for the barrier of the stage's own name."""
+    from leakray.stages import rows
+    from leakray.stages.embed import EmbedStage
+
+    seen = []
+    monkeypatch.setattr(rows, "fault_barrier", seen.append)
+    for cls, work in ((ExecuteStage, "_execute"), (EmbedStage, "_embed")):
+        stage = object.__new__(type("_SingleThreadedWrapper", (cls,), {}))  # built without its sandbox/encoder
+        stage._load_s = 0.0
+        setattr(stage, work, lambda batch: batch)
+        out = stage(pa.table({C.TASK_ID: ["a"]}))
+        assert out.column(C.PART_SECONDS).to_pylist()[0] is not None
+    assert seen == ["ExecuteStage", "EmbedStage"]

@@ -26,7 +26,7 @@ class EmbedStage:
         self._load_s = time.perf_counter() - t0
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        return run_timed(self, "embed", self._embed, batch)
+        return run_timed(self, "EmbedStage", "embed", self._embed, batch)
 
     def _embed(self, batch: pa.Table) -> pa.Table:
         completions, refs = solutions(batch)

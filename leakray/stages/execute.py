@@ -27,7 +27,7 @@ class ExecuteStage:
         self._load_s = time.perf_counter() - t0
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        return run_timed(self, "execute", self._execute, batch)
+        return run_timed(self, "ExecuteStage", "execute", self._execute, batch)
 
     def _execute(self, batch: pa.Table) -> pa.Table:
         rows = batch.select([C.TASK_ID, C.LANGUAGE, C.PROMPT, C.COMPLETIONS, T.TESTS, T.RUNNER]).to_pylist()

@@ -69,10 +69,11 @@ def take_load(stage) -> float:
     return load
 
 
-def run_timed(stage, part: str, work, batch: pa.Table) -> pa.Table:
-    """A whole-batch step: its fault barrier (named by the stage's class), then ``work(batch)``,
-    timed as ``part`` with the worker's pending model load (`take_load`)."""
-    fault_barrier(type(stage).__name__)
+def run_timed(stage, name: str, part: str, work, batch: pa.Table) -> pa.Table:
+    """A whole-batch step: its fault barrier ``name`` (the stage's own class name, given: Ray Data
+    runs a subclass of it, `_SingleThreadedWrapper`), then ``work(batch)``, timed as ``part`` with
+    the worker's pending model load (`take_load`)."""
+    fault_barrier(name)
     t0, load = time.perf_counter(), take_load(stage)
     return timed_batch(part, load, t0, work(batch))
 
