@@ -1,5 +1,5 @@
-"""The shipped local models (tiny, tiny-alt): used only where they are what training here would
-give, checked on copy."""
+"""The shipped local models (tiny, tiny-alt): used for their own config on any machine, checked on
+copy; a rebuild compares bit for bit only where the corpus and torch are the build's."""
 
 from __future__ import annotations
 
@@ -24,20 +24,40 @@ def _ship(tmp_path, cfg):
     return built, where
 
 
-def test_the_shipped_copy_installs_only_for_its_own_config_corpus_and_torch(tmp_path):
+def test_the_shipped_copy_installs_for_its_own_config_whatever_the_corpus_and_torch_here(tmp_path):
     cfg = TinyLMConfig(corpus_mb=0.2)
     _, where = _ship(tmp_path, cfg)
-    stats = prebuilt.install(cfg, CORPUS, tmp_path / "cache", where)
+    stats = prebuilt.install(cfg, tmp_path / "cache", where)
     assert stats == {"steps": 3, "prebuilt": True}
     assert (tmp_path / "cache" / "model.safetensors").read_text() == "bytes of model.safetensors"
-    assert prebuilt.install(replace(cfg, max_steps=499), CORPUS, tmp_path / "other", where) is None  # another config
-    ok, why = prebuilt.matches(cfg, CORPUS + ["y = 3\n"], where)  # another corpus (another Python's stdlib)
-    assert not ok and "corpus" in why
+    assert prebuilt.install(replace(cfg, max_steps=499), tmp_path / "other", where) is None  # another config
+    assert prebuilt.reproducible_here(cfg, CORPUS, where) == (True, "")
+    # another Python's standard library (measured: two Debian updates of 3.11.2) or another torch: the
+    # shipped model is still the one the config names, but a rebuild here would not give its bytes
+    ok, why = prebuilt.reproducible_here(cfg, CORPUS + ["y = 3\n"], where)
+    assert not ok and "corpus" in why and "built with Python 3." in why
     doc = json.loads((where / prebuilt.MANIFEST).read_text())
     doc["key"]["torch"] = "0.0.1"
     (where / prebuilt.MANIFEST).write_text(json.dumps(doc))
-    ok, why = prebuilt.matches(cfg, CORPUS, where)
+    ok, why = prebuilt.reproducible_here(cfg, CORPUS, where)
     assert not ok and "torch" in why
+    assert prebuilt.install(cfg, tmp_path / "again", where) == stats
+
+
+def test_ensure_base_model_copies_the_shipped_base_where_this_machines_stdlib_is_another(tmp_path, monkeypatch):
+    """The failure a fresh machine met: its standard library differed from the build machine's by a
+    security update, and the first demo and the suite pretrained the base for minutes."""
+    from leakray.models import offline
+
+    cfg = TinyLMConfig(corpus_mb=0.2)
+    _, where = _ship(tmp_path, cfg)
+    monkeypatch.setattr(prebuilt, "shipped_for", lambda c, root=prebuilt.ROOT: where)
+    monkeypatch.setattr(offline, "cache_root", lambda: tmp_path / "cache")
+    monkeypatch.setattr(offline, "stdlib_sources", lambda n: CORPUS + ["# another Python's stdlib\n"])
+    monkeypatch.setattr(offline, "pretrain", lambda *a, **k: pytest.fail("trained a base that ships"))
+    path, stats = offline.ensure_base_model(cfg, progress=False)
+    assert stats["prebuilt"] and not stats["cached"]
+    assert (path / "model.safetensors").read_text() == "bytes of model.safetensors"
 
 
 def test_a_damaged_shipped_file_is_refused(tmp_path):
@@ -45,7 +65,7 @@ def test_a_damaged_shipped_file_is_refused(tmp_path):
     _, where = _ship(tmp_path, cfg)
     (where / "model.safetensors").write_text("flipped bits")
     with pytest.raises(RuntimeError, match="model.safetensors"):
-        prebuilt.install(cfg, CORPUS, tmp_path / "cache", where)
+        prebuilt.install(cfg, tmp_path / "cache", where)
     assert not (tmp_path / "cache").exists()
 
 

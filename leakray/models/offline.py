@@ -3,7 +3,7 @@ LM pretrained for a bounded time on the interpreter's own standard library.
 
 Both are cached under ``cache_root()/base-<hash of config>``, so the second run of
 the demo reuses them; the default tiny and tiny-alt ship prebuilt (`leakray.models.prebuilt`), so
-the first run does not train them where the corpus and torch are the ones it was built with. The result is an ordinary Hugging Face model directory:
+the first run on any machine copies them instead of training them. The result is an ordinary Hugging Face model directory:
 everything downstream loads it with ``from_pretrained`` exactly as it would load
 ``deepseek-ai/deepseek-coder-1.3b-base``.
 """
@@ -206,10 +206,9 @@ def ensure_base_model(cfg: TinyLMConfig | None = None, progress: bool = True) ->
     tmp = out.with_name(out.name + f".partial{os.getpid()}")
     from leakray.models import prebuilt
 
-    # the package ships the default tiny and tiny-alt (what training here would give, bit for bit:
-    # checked against the manifest's config, corpus and torch); anything else is trained
-    stats = None if os.environ.get("LEAKRAY_NO_PREBUILT") else \
-        prebuilt.install(cfg, stdlib_sources(int(cfg.corpus_mb * 1e6)), tmp)
+    # the package ships the default tiny and tiny-alt (used for their own config on any machine, each
+    # file checked against the manifest's digest); anything else is trained
+    stats = None if os.environ.get("LEAKRAY_NO_PREBUILT") else prebuilt.install(cfg, tmp)
     if stats is None:
         stats = pretrain(cfg, tmp, progress=progress)
     else:

@@ -4,14 +4,19 @@ architecture (`tiny-alt`, `leakray/prebuilt/tiny-alt/`: the audit's default refe
 tiny target, and a mismatched shadow's base).
 
 Each folder holds the files `offline.pretrain(cfg)` writes (model, tokenizer, pretrain.json) and
-`MANIFEST.json`: each file's sha256 and what the build depends on: the training config's hash,
-the corpus (this interpreter's standard library: a digest of the exact source texts read) and
+`MANIFEST.json`: each file's sha256 and what the build depended on: the training config's hash,
+the corpus (the build machine's standard library: a digest of the exact source texts read) and
 the torch version. `ensure_base_model` copies the folder whose config is the one asked for into
-the cache only when all of these match here; otherwise it trains, as before.
+the cache, its files checked against their digests, on any machine: the config names the model,
+and the corpus and torch decide only the bytes a rebuild *here* would give. They did differ
+between two machines of this project with the same Python 3.11.2 (Debian's security updates of
+its standard library), and there the first demo and the test suite pretrained for minutes a base
+that was not the one the README's numbers came from.
 
 `python scripts/build_base.py --check [--model tiny-alt]` rebuilds a model from scratch and
-compares every file with the manifest (bit for bit on the same corpus and torch: two builds a
-day apart on this project's machine gave the same bytes), and `--update` replaces the shipped copy.
+compares every file with the manifest, bit for bit where this machine's corpus and torch are the
+build's (two builds a day apart on one machine gave the same bytes; `reproducible_here` says
+whether they are), and `--update` replaces the shipped copy.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -59,9 +65,7 @@ def manifest(where: Path = SHIPPED) -> dict | None:
 
 def shipped_for(cfg, root: Path = ROOT) -> Path | None:
     """The shipped folder built with ``cfg`` (its manifest's config hash), if any."""
-    from leakray.runs import content_hash
-
-    want = content_hash(asdict(cfg))
+    want = _config_hash(cfg)
     for folder in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else ():
         doc = manifest(folder)
         if doc is not None and doc["key"].get("config") == want:
@@ -69,9 +73,9 @@ def shipped_for(cfg, root: Path = ROOT) -> Path | None:
     return None
 
 
-def matches(cfg, corpus_texts: list[str], where: Path | None = None) -> tuple[bool, str]:
-    """Whether a shipped model (``where``, else the folder built with ``cfg``) is what training
-    ``cfg`` on ``corpus_texts`` here would give, and why not."""
+def reproducible_here(cfg, corpus_texts: list[str], where: Path | None = None) -> tuple[bool, str]:
+    """Whether training ``cfg`` on ``corpus_texts`` here would give the shipped model (``where``, else
+    the folder built with ``cfg``) bit for bit: the same corpus and torch as its build; and why not."""
     where = where or shipped_for(cfg)
     shipped = manifest(where) if where is not None else None
     if shipped is None:
@@ -79,21 +83,26 @@ def matches(cfg, corpus_texts: list[str], where: Path | None = None) -> tuple[bo
     here = build_key(cfg, corpus_texts)
     for key, value in here.items():
         if shipped["key"].get(key) != value:
-            return False, f"the prebuilt model was built with another {key} ({shipped['key'].get(key)} vs {value})"
-    missing = [name for name in shipped["files"] if not (where / name).exists()]
-    return (False, f"the prebuilt model lacks {missing}") if missing else (True, "")
+            return False, (f"the prebuilt model was built with another {key} ({shipped['key'].get(key)} vs {value}"
+                           + (f"; built with Python {shipped['built_with']['python']}" if key == "corpus_sha256"
+                              and shipped.get("built_with") else "") + ")")
+    return True, ""
 
 
-def install(cfg, corpus_texts: list[str], out_dir: Path, where: Path | None = None) -> dict | None:
-    """Copy the shipped model (``where``, else the folder built with ``cfg``) into ``out_dir``
-    (checking every file's sha256) when it matches ``cfg`` and the corpus here; its pretrain stats
-    (with ``prebuilt``), or None (then the caller trains)."""
+def install(cfg, out_dir: Path, where: Path | None = None) -> dict | None:
+    """Copy the shipped model (``where``, else the folder built with ``cfg``) into ``out_dir``,
+    checking every file's sha256; its pretrain stats (with ``prebuilt``), or None where no copy
+    ships for ``cfg`` (then the caller trains). Whatever this machine's corpus and torch: they
+    decide what a rebuild here would give (`reproducible_here`), not which model ``cfg`` is."""
     where = where or shipped_for(cfg)
-    if where is None or not matches(cfg, corpus_texts, where)[0]:
+    doc = manifest(where) if where is not None else None
+    if doc is None or doc["key"].get("config") != _config_hash(cfg):
         return None
-    files = manifest(where)["files"]
+    missing = [name for name in doc["files"] if not (where / name).exists()]
+    if missing:
+        raise RuntimeError(f"the prebuilt model {where} lacks {missing}: the installation is damaged")
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name, digest in files.items():
+    for name, digest in doc["files"].items():
         shutil.copyfile(where / name, out_dir / name)
         if sha256(out_dir / name) != digest:
             shutil.rmtree(out_dir, ignore_errors=True)
@@ -101,6 +110,12 @@ def install(cfg, corpus_texts: list[str], out_dir: Path, where: Path | None = No
                                "the installation is damaged")
     stats = json.loads((out_dir / "pretrain.json").read_text())
     return {**stats, "prebuilt": True}
+
+
+def _config_hash(cfg) -> str:
+    from leakray.runs import content_hash
+
+    return content_hash(asdict(cfg))
 
 
 def write(cfg, corpus_texts: list[str], built: Path, where: Path = SHIPPED) -> dict:
@@ -111,6 +126,8 @@ def write(cfg, corpus_texts: list[str], built: Path, where: Path = SHIPPED) -> d
         shutil.copyfile(built / name, where / name)
         files[name] = sha256(where / name)
     doc = {"key": build_key(cfg, corpus_texts), "files": files,
+           # which interpreter's standard library the corpus was: what a bit-for-bit rebuild needs
+           "built_with": {"python": sys.version},
            "rebuild": f"python scripts/build_base.py --check --model {_name(where)} "
                       "(compares a fresh build with these digests)"}
     (where / MANIFEST).write_text(json.dumps(doc, indent=2) + "\n")
