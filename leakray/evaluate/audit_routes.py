@@ -55,9 +55,9 @@ def card_estimate(target_score, val_y, val_s, prob, train_prior: float, *, fdr: 
     # the estimate reads the target's whole score distribution against the card's two (a count
     # above one cut, Forman's adjusted count, is kept beside it: measured on a pretraining-mixture
     # card, its exact-bound interval spanned most of [0, 1] where the mixture weight's did not)
-    mix = card_route.mixture_estimate(t[ok], val_y, val_s, n_boot=n_boot, seed=seed,
-                                      groups=None if groups is None else np.asarray(groups)[ok])
-    check = card_route.transfer_check(t[ok], val_y, val_s, n_boot=n_boot, seed=seed)
+    units = None if groups is None else np.asarray(groups)[ok]
+    mix = card_route.mixture_estimate(t[ok], val_y, val_s, n_boot=n_boot, seed=seed, groups=units)
+    check = card_route.transfer_check(t[ok], val_y, val_s, n_boot=n_boot, seed=seed, groups=units)
     est, (lo, hi) = mix["estimate"], mix["ci"]
     out.update(estimate=est, ci=[lo, hi], rates={k_: v for k_, v in rates.items() if k_ != "cut"},
                cut=rates["cut"], flagged_share=k / ok.sum(), transfer=check, mixture=mix,

@@ -78,21 +78,32 @@ def _fit(t, s0, s1) -> tuple[float, float]:
     return best
 
 
-def transfer_check(target, val_y, val_s, n_boot: int = 200, seed: int = 0, alpha: float = 0.01) -> dict:
+def transfer_check(target, val_y, val_s, n_boot: int = 200, seed: int = 0, alpha: float = 0.01,
+                   groups=None) -> dict:
     """Does the target's score distribution fit (1 - pi) F0 + pi F1 for some pi, F0/F1 the card's
     held-out non-member/member scores? A parametric bootstrap from the fitted mixture (with F0/F1
-    themselves resampled, since they are estimated from few rows) gives the KS distance's null."""
+    themselves resampled, since they are estimated from few rows) gives the KS distance's null.
+    ``groups``: one label per target score (`resample.group_index`); a near-copy group is one task
+    read twice, so the null draws one score per group and gives it to each of the group's rows (the
+    target's own copies score alike, and the KS distance of such a sample varies more)."""
     t = np.asarray(target, np.float64)
-    t = t[np.isfinite(t)]
+    fin = np.isfinite(t)
+    t = t[fin]
     y, s = np.asarray(val_y, np.int64), np.asarray(val_s, np.float64)
     s0, s1 = s[y == 0], s[y == 1]
     pi, d = _fit(t, s0, s1)
     rng = np.random.default_rng(seed)
+    rows_of = _group_rows(None if groups is None else np.asarray(groups)[fin])
     null = []
     for _ in range(int(n_boot)):
         b0, b1 = rng.choice(s0, len(s0)), rng.choice(s1, len(s1))
-        n1 = rng.binomial(len(t), pi)
-        sim = np.concatenate([rng.choice(b0, len(t) - n1), rng.choice(b1, n1)])
+        if rows_of is None:  # every task alone: the draws as before groups existed
+            n1 = rng.binomial(len(t), pi)
+            sim = np.concatenate([rng.choice(b0, len(t) - n1), rng.choice(b1, n1)])
+        else:  # a score per group, its member status drawn once, in a random order of the groups
+            n1 = rng.binomial(len(rows_of), pi)
+            one = np.concatenate([rng.choice(b0, len(rows_of) - n1), rng.choice(b1, n1)])[rng.permutation(len(rows_of))]
+            sim = np.repeat(one, rows_of)
         null.append(_fit(sim, rng.choice(s0, len(s0)), rng.choice(s1, len(s1)))[1])
     p = float((1 + np.sum(np.asarray(null) >= d)) / (1 + len(null)))
     lo, hi = float(s.min()), float(s.max())
@@ -107,6 +118,14 @@ def transfer_check(target, val_y, val_s, n_boot: int = 200, seed: int = 0, alpha
                       f"(KS {d:.2f}, bootstrap p {p:.3f}; {outside:.0%} outside the card's range): the target "
                       f"is not on the shadow's scale")
     return out
+
+
+def _group_rows(groups) -> np.ndarray | None:
+    """Rows per group for labels with a group of two or more, else None (the task-by-task null)."""
+    if groups is None or not len(groups):
+        return None
+    sizes = np.bincount(np.unique(groups, return_inverse=True)[1])
+    return sizes if (sizes > 1).any() else None
 
 
 def mixture_weight(t, s0, s1) -> float | None:

@@ -165,7 +165,7 @@ def write_audit_report(run_dir: Path, cfg, tasks: list[dict], card: DetectorCard
     pass1 = pass_at_1(target)
     infl = inflation(pass1, verdict != "clean", n_boot=a.bootstrap, seed=a.shadow_seed,
                      groups=units)
-    infl["null"] = inflation_null(card, task_ids, verdict != "clean", infl, a)
+    infl["null"] = inflation_null(card, task_ids, verdict != "clean", infl, a, groups=units)
     # one story: the p- and q-values beside the verdicts are the flagging route's own
     pq_route = control_result if decision.get("flags_from") == "control" else selfcal_result
     p_task = _per_task(pq_route, len(task_ids), "p")
@@ -309,17 +309,20 @@ def rewrite_test(run_dir: Path, task_ids: list[str], a) -> dict | None:
     return {k: v for k, v in res.items() if k != "per_task"}
 
 
-def inflation_null(card: DetectorCard, task_ids: list[str], flagged: np.ndarray, observed: dict, a) -> dict:
+def inflation_null(card: DetectorCard, task_ids: list[str], flagged: np.ndarray, observed: dict, a,
+                   groups: np.ndarray | None = None) -> dict:
     """The same flagged/clean pass@1 split on a model that saw none of those tasks (the card's shadow,
     on its non-member tasks): flags follow task difficulty too, so this is the difference a leak-free
-    model shows; the excess over it is what the leak adds."""
+    model shows; the excess over it is what the leak adds. ``groups``: the audited tasks' near-copy
+    labels (`resample.group_index`), drawn whole here as in the observed split's interval."""
     path = card.path / "shadow_tasks.parquet"
     if not path.exists():
         return {"why": "the card holds no shadow pass@1 (built before this version)"}
     shadow = {r["task_id"]: r for r in pq.read_table(path).to_pylist()}
     keep = [i for i, t in enumerate(task_ids) if t in shadow and shadow[t]["member"] == 0]
     p = np.array([shadow[task_ids[i]]["pass1"] for i in keep], dtype=np.float64)
-    null = inflation(p, flagged[keep], n_boot=a.bootstrap, seed=a.shadow_seed)
+    null = inflation(p, flagged[keep], n_boot=a.bootstrap, seed=a.shadow_seed,
+                     groups=None if groups is None else np.asarray(groups)[keep])
     out = {"n_tasks": len(keep), "difference": null["difference"], "difference_ci": null["difference_ci"]}
     if null["difference"] is not None and observed.get("difference") is not None:
         out["excess_difference"] = observed["difference"] - null["difference"]
