@@ -67,6 +67,9 @@ def test_a_damaged_shipped_file_is_refused(tmp_path):
     with pytest.raises(RuntimeError, match="model.safetensors"):
         prebuilt.install(cfg, tmp_path / "cache", where)
     assert not (tmp_path / "cache").exists()
+    (where / "tokenizer.json").unlink()  # a file missing: damaged too, not a reason to train quietly
+    with pytest.raises(RuntimeError, match="tokenizer.json"):
+        prebuilt.install(cfg, tmp_path / "cache", where)
 
 
 def test_compare_names_each_file_that_differs(tmp_path):
