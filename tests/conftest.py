@@ -109,8 +109,10 @@ def tiny_lm(tmp_path_factory):
     from leakray.models.offline import TinyLMConfig, pretrain
 
     out = tmp_path_factory.mktemp("tiny_lm")
+    # its 500 steps (the config's max_steps) took 2.5 s here: the time cap is a guard for a hung
+    # build only, not a budget, so a slower machine's tests get the same model and not a shorter fit
     cfg = TinyLMConfig(vocab_size=400, n_layer=1, n_embd=32, n_head=2, n_positions=512, block_size=64,
-                       batch_size=4, pretrain_seconds=3, corpus_mb=0.3, threads=1, warmup_steps=5)
+                       batch_size=4, pretrain_seconds=60, corpus_mb=0.3, threads=1, warmup_steps=5)
     stats = pretrain(cfg, out, progress=False)
     return out, stats
 
