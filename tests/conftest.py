@@ -1,3 +1,4 @@
+import functools
 import json
 import os
 import shutil
@@ -51,22 +52,17 @@ def _on_the_head(nodeid: str) -> bool:
     return nodeid.split("::", 1)[0] in RAY_HEAD_MODULES
 
 
-_SHARES_A_MODULE_FIXTURE: dict[str, bool] = {}
-
-
+@functools.lru_cache(maxsize=None)
 def _shares_a_module_fixture(module: str) -> bool:
     """Whether a test module defines a module-scoped fixture: its tests then go to one worker as one
     unit, so the fixture is set up once. Split test by test, both workers set it up (measured over
     the 21 such modules: gpu_check's CPU run, 12 s, twice; the local Ray clusters of the Tune,
     storage and chat tests, 5-9 s, twice). Read from the file, since the controller that schedules
     sees node ids only."""
-    if module not in _SHARES_A_MODULE_FIXTURE:
-        try:
-            text = (ROOT / module).read_text()
-        except OSError:
-            text = ""
-        _SHARES_A_MODULE_FIXTURE[module] = 'scope="module"' in text
-    return _SHARES_A_MODULE_FIXTURE[module]
+    try:
+        return 'scope="module"' in (ROOT / module).read_text()
+    except OSError:
+        return False
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: `-p no:xdist` runs the suite without it
