@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from leakray.errors import BadInput
+from leakray.evaluate.resample import drawn_whole
 
 
 def clopper_pearson(k: int, n: int, alpha: float = 0.05) -> tuple[float, float]:
@@ -122,10 +123,9 @@ def transfer_check(target, val_y, val_s, n_boot: int = 200, seed: int = 0, alpha
 
 def _group_rows(groups) -> np.ndarray | None:
     """Rows per group for labels with a group of two or more, else None (the task-by-task null)."""
-    if groups is None or not len(groups):
+    if groups is None or not drawn_whole(groups):
         return None
-    sizes = np.bincount(np.unique(groups, return_inverse=True)[1])
-    return sizes if (sizes > 1).any() else None
+    return np.unique(groups, return_counts=True)[1]
 
 
 def mixture_weight(t, s0, s1) -> float | None:
