@@ -86,6 +86,11 @@ def test_audit_end_to_end_then_reuse_card(ray_head, tmp_path, leakray_cache):
     assert "AdvPrompt-MIA completed the variants of IDP only" in (run / "report.md").read_text()
     assert "Time by stage (wall, in the invocation that ran it; the machine's CPUs busy over it): " \
         in (run / "report.md").read_text()
+    # and inside each: the card's fits and calibration, the fine-tunes' training (leakray.parts)
+    card_parts = json.loads((run / "card" / "_DONE.json").read_text())["part_seconds"]
+    assert {"fit", "threshold", "score", "metrics", "calibrate"} <= set(card_parts)
+    inside = (run / "report.md").read_text().split("Inside the stages (")[1]
+    assert "card: " in inside and "calibrate " in inside.split("card: ")[1].split(";")[0]
     assert f"torch's CPU kernels **{report['environment']['torch_cpu_capability']}**" in (run / "report.md").read_text()
 
     # another report setting is another audit, but no stage reads it: every stage is adopted from the

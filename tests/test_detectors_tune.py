@@ -95,6 +95,16 @@ def test_evaluate_detectors_over_the_registry(ray_local, tmp_path):
     shared = lambda name: {k: v for k, v in res["costs"][name].items() if k != "trial_s"}  # noqa: E731
     assert shared("nb") == shared("lr")  # one shared Tune run, one measurement
     assert res["costs"]["nb"]["shared_run"] == ["nb", "lr"] and res["costs"]["lr"]["trial_s"] > 0
+    # where the stage's time went: each group's fit, threshold, score and metrics, summed over the
+    # groups; the Tune search's fit is its trials' own seconds, not its wall time here (mostly waiting)
+    parts, groups = res["part_seconds"], ["cgmia", "min_k", "cdd", "lr", "codemi"]
+    assert set(parts) == {"fit", "threshold", "score", "metrics"} and all(v > 0 for v in parts.values())
+    assert res["costs"]["lr"]["part_seconds"]["fit"] == pytest.approx(
+        res["costs"]["lr"]["trial_s"] + res["costs"]["nb"]["trial_s"], abs=0.02)
+    assert res["costs"]["lr"]["part_seconds"]["fit"] < res["costs"]["lr"]["wall_s"]
+    for part in parts:
+        assert parts[part] == pytest.approx(sum(res["costs"][g]["part_seconds"].get(part, 0) for g in groups),
+                                            abs=0.05)
     assert len(res["per_seed"]["min_k"]) == 1 and len(res["per_seed"]["lr"]) == 2
     assert res["thresholds"]["min_k"]["chosen_on"] == "shadow"
     assert "validation split" in res["thresholds"]["codemi"]["chosen_on"]
@@ -259,7 +269,8 @@ def test_a_detectors_seed_tasks_merge_in_order_and_one_skipped_seed_skips_it():
 
     def out(name, seed, wall, peak=1.0, how="high-water mark"):
         return {"members": [name], "rows": {name: [{"detector": NS(seed=seed)}]},
-                "cost": {"wall_s": wall, "peak_rss_mb": peak, "peak_rss_how": how, "py_peak_mb": None}}
+                "cost": {"wall_s": wall, "peak_rss_mb": peak, "peak_rss_how": how, "py_peak_mb": None,
+                         "part_seconds": {"fit": wall - 0.25, "metrics": 0.25}}}
 
     merged = _merge_seed_jobs([out("gotcha", 3, 1.0), out("min_k", 0, 0.5),
                                out("gotcha", 1, 2.0, peak=4.0, how="sampled"),
@@ -268,6 +279,6 @@ def test_a_detectors_seed_tasks_merge_in_order_and_one_skipped_seed_skips_it():
     assert [r["detector"].seed for r in by["gotcha"]["rows"]["gotcha"]] == [3, 1]  # submission order
     # one seed task's peak was sampled: the merged peak is not exact
     assert by["gotcha"]["cost"] == {"wall_s": 3.0, "peak_rss_mb": 4.0, "py_peak_mb": None,
-                                    "peak_rss_how": "sampled"}
+                                    "peak_rss_how": "sampled", "part_seconds": {"fit": 2.5, "metrics": 0.5}}
     assert by["cdd"] == {"members": ["cdd"], "skipped": "no column"}
     assert len(by["min_k"]["rows"]["min_k"]) == 1

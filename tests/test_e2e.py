@@ -76,6 +76,13 @@ def test_simulate_job_submit_then_resume(ray_head, tmp_path, leakray_cache):
     assert member_passes >= 1 and all(leak[role]["non_members"]["tasks_with_a_pass"] == 0 for role in leak)
     assert leak["target"]["members"]["min_edit_distance"] < leak["target"]["non_members"]["min_edit_distance"] - 0.1
     assert report["isolation"] and set(report["stages"]) >= {"perturb", "collect_target", "detect"}
+    # every stage that works says where its time went (leakray.parts), as the console's last line does
+    parts = {name: set(st.get("part_seconds") or ()) for name, st in report["stages"].items()}
+    # (the perturb stage's proofs may all come from the session's proof cache: then it timed nothing)
+    assert parts["target"] == parts["shadow"] == {"load", "train", "save"}
+    assert parts["detect"] >= {"fit", "threshold", "score", "metrics", "advprompt_graybox"}
+    assert "sample" in parts["collect_target"] and report["stages"]["target"]["throughput"]["trained_tokens_per_s"] > 0
+    assert " s, load " in (run_dir / "report.md").read_text().split("## Stages")[1]  # the parts column
     assert report["seeds"]["detector"] == [0, 1]
     assert len(report["detectors_full"]["per_seed"]["cgmia"]) == 2
     assert (run_dir / "report.md").read_text().startswith("# leakray simulated-leakage audit")

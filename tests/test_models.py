@@ -99,6 +99,18 @@ def test_reference_loss_drops_after_finetuning_on_it(tiny_lm, tmp_path):
     after = make_sampler(str(tmp_path / "ft"), SampleConfig()).reference_loss([PROMPT], [ref])[0]
     assert stats["loss_per_epoch"][-1] < stats["loss_per_epoch"][0]
     assert after < before - 0.5
+    # the stage's parts: load, train, save; the train part's throughput over the tokens it trained on
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    n_tokens = len(tok(ref + tok.eos_token)["input_ids"])  # what it trains on: the text and its end
+    parts = stats["part_seconds"]
+    assert list(parts) == ["load", "train", "save"] and parts["train"] > 0 and min(parts.values()) >= 0
+    assert stats["trained_tokens"] == 8 * n_tokens
+    train = (parts["train"] - 0.006, parts["train"] + 0.006)  # the seconds are rounded to 0.01
+    for n, per_s in ((8 * n_tokens, stats["throughput"]["trained_tokens_per_s"]),
+                     (8, stats["throughput"]["steps_per_s"])):
+        assert n / train[1] - 0.1 <= per_s <= n / train[0] + 0.1
 
 
 def test_lora_trains_a_fraction_and_saves_a_merged_model(tiny_lm, tmp_path):

@@ -3,11 +3,12 @@ the detector's two settings on a collection."""
 
 import numpy as np
 import pyarrow as pa
+import pytest
 import pyarrow.parquet as pq
 
 from leakray.data.humaneval import read_humaneval
 from leakray.stages.collect import input_table
-from leakray.stages.prove import attach_variants, kept_summary, prove_batch
+from leakray.stages.prove import attach_variants, kept_summary, prove_batch, prove_parts
 from leakray.schema import C, T, TASK_SCHEMA
 
 
@@ -25,6 +26,12 @@ def test_prove_batch_folds_kept_variants_into_one_row_per_task(tmp_path):
         assert all(p != task[T.PROMPT] for p in prompts[1:] if p)
     summary = kept_summary(out)
     assert summary["python/IDC"]["kept"] == 6 and summary["python/IDC"]["rate"] == 1.0
+    # the batch's time, per row: writing the variants, then proving them (the stage's parts)
+    out, timed = prove_parts(out)
+    assert C.PART_SECONDS not in out.column_names
+    seconds, tried = timed["part_seconds"], sum(len(c) for c in out.column("check").to_pylist())
+    assert set(seconds) == {"generate", "prove"} and seconds["prove"] > seconds["generate"] > 0
+    assert timed["throughput"]["variants_proven_per_s"] == pytest.approx(tried / seconds["prove"], rel=0.02)
     pq.write_table(out, tmp_path / "variants.parquet")
     joined = attach_variants(input_table(tasks[::-1], {}, set()), tmp_path / "variants.parquet")
     assert joined.column(C.ADV_PROMPTS).to_pylist()[0][0] == tasks[-1][T.PROMPT]
@@ -54,7 +61,8 @@ def test_proven_variants_are_reused_across_runs_by_task_and_settings(tmp_path, m
         return pa.table({C.TASK_ID: ids, C.ADV_PROMPTS: [[f"{t} {seed}", ""] for t in ids],
                          C.ADV_KIND: [["base", ""] for _ in ids],
                          "check": [["python|IDC|kept", f"python|FDC|{'failed' if t == flaky else 'kept'}"]
-                                   for t in ids]})
+                                   for t in ids],
+                         C.PART_SECONDS: [[0.5, 1.5] for _ in ids]})
 
     monkeypatch.setattr(prove, "prove_batch", fake_prove)
     asked = []
@@ -70,8 +78,12 @@ def test_proven_variants_are_reused_across_runs_by_task_and_settings(tmp_path, m
 
     first, v1 = run("a", tasks[:3])
     assert first["from_cache"] == 0 and sorted(proved) == sorted(t[T.TASK_ID] for t in tasks[:3])
+    # the stage's parts sum the proved rows' seconds; the rows are stored without them
+    assert first["part_seconds"] == {"generate": 1.5, "prove": 4.5} and C.PART_SECONDS not in v1.column_names
+    assert first["throughput"] == {"variants_written_per_s": 4.0, "variants_proven_per_s": 1.3}
     again, v2 = run("b", tasks[:4])  # three proved before, one new
     assert again["from_cache"] == 3 and proved == [tasks[3][T.TASK_ID]]
+    assert again["part_seconds"] == {"generate": 0.5, "prove": 1.5}  # the cached rows cost nothing now
     assert v2.column(C.TASK_ID).to_pylist() == sorted(t[T.TASK_ID] for t in tasks[:4])
     assert v2.slice(0, 3).equals(v1.sort_by(C.TASK_ID)) and again["kept"]["python/IDC"]["kept"] == 4
     other, _ = run("c", tasks[:4], timeout_s=20.0)  # other sandbox limits: another verdict may follow

@@ -166,6 +166,26 @@ def test_a_simulate_report_names_the_run_that_made_an_adopted_stage():
     assert got["target"]["reused_from"] == "humaneval-ba24" and "reused_from" not in got["detect"]
 
 
+def test_the_simulate_reports_stage_table_has_each_stages_parts_and_throughput():
+    from leakray.report.simulate import render_markdown, stage_stats
+
+    markers = {"target": {"seconds": 66.9, "rows_in": 41, "rows_out": 41, "machine_cpu": {"busy_share": 0.999},
+                          "part_seconds": {"load": 1.2, "train": 63.1, "save": 0.3},
+                          "throughput": {"trained_tokens_per_s": 1520.5, "steps_per_s": 9.5}},
+               "folds": {"seconds": 0.02, "rows_in": 164, "rows_out": 164}}
+    stages = stage_stats(markers)
+    assert stages["target"]["part_seconds"] == markers["target"]["part_seconds"]
+    assert "part_seconds" not in stages["folds"] and "throughput" not in stages["folds"]
+    leak = leak_summary(_table([_row(1, [True, False], [0.1, 0.3]), _row(0, [False, False], [0.8, 0.9])]))
+    md = render_markdown({"benchmark": {"name": "humaneval"}, "protocol": "p", "detectors": {}, "models": {},
+                          "timings_s": {}, "collections": {}, "seeds": {}, "isolation": {},
+                          "leak": {"target": leak, "shadow": leak}, "stages": stages})
+    assert "| stage | seconds | machine busy | rows in | rows out | errors | parse failures | parts (busy s) | " \
+           "throughput |" in md
+    assert ("| target | 66.9 | 100% | 41 | 41 | – | – | train 63.1 s, load 1.2 s, save 0.3 s | "
+            "1520.5 trained tokens/s, 9.5 steps/s |") in md
+    assert "| folds | 0.0 | – | 164 | 164 | – | – | – | – |" in md
+
 def test_a_simulate_report_says_which_rows_a_collection_read_back_or_tried_again():
     from leakray.report.simulate import render_markdown, stage_stats
 

@@ -17,9 +17,10 @@ import numpy as np
 
 from leakray.errors import BadInput
 from leakray.leak.mixture import MixConfig
-from leakray.models.finetune import load_for_training, save_model
+from leakray.models.finetune import load_for_training, save_model, training_parts
 from leakray.models.kernels import fuse_gelu
 from leakray.models.offline import warmup_cosine_lr
+from leakray.parts import PartClock
 
 
 def continue_pretrain(base_path: str | Path, sequences: np.ndarray, cfg: MixConfig, out_dir: str | Path | None,
@@ -38,6 +39,8 @@ def continue_pretrain(base_path: str | Path, sequences: np.ndarray, cfg: MixConf
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
+    clock = PartClock()  # load, train, save: the stage's part_seconds
+    clock.switch("load")
     seqs = np.asarray(sequences)
     if seqs.ndim != 2 or seqs.shape[1] != cfg.seq_len or len(seqs) == 0:
         raise BadInput(f"sequences must be [n, {cfg.seq_len}] token ids, got shape {seqs.shape}", field="sequences")
@@ -74,6 +77,7 @@ def continue_pretrain(base_path: str | Path, sequences: np.ndarray, cfg: MixConf
     from leakray.progress import report_steps
 
     tell, tell_every = (progress_file if is_writer else None), max(1, total // 100)
+    clock.switch("train")
     for step, batch in enumerate(loader):
         if step >= total:
             break
@@ -108,6 +112,9 @@ def continue_pretrain(base_path: str | Path, sequences: np.ndarray, cfg: MixConf
         "trained_dtype": "float32", "saved_dtype": str(stored).removeprefix("torch."),
     }
     inner = getattr(model, "module", model)  # unwrap DDP
+    clock.switch("save")
     if is_writer:
         save_model(inner, tok, out_dir, stored)
-    return stats
+    clock.stop()
+    # every sequence is seq_len tokens with no padding: a step trains batch_size x seq_len of them
+    return {**stats, **training_parts(clock, len(losses) * cfg.batch_size * cfg.seq_len, len(losses))}

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from leakray.models.host import host_fingerprint, stored_dtype
 from leakray.models.kernels import fuse_gelu
+from leakray.parts import PartClock, per_second
 
 # Leaf module names of attention q/k/v/o and FFN linears across common architectures.
 _LORA_TARGETS = {
@@ -101,6 +102,8 @@ def finetune(base: str | Path, texts: list[str], cfg: FinetuneConfig, out_dir: s
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
+    clock = PartClock()  # load, train, save: the stage's part_seconds
+    clock.switch("load")
     tok = AutoTokenizer.from_pretrained(base)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
@@ -142,12 +145,15 @@ def finetune(base: str | Path, texts: list[str], cfg: FinetuneConfig, out_dir: s
 
     steps, every = 0, max(1, total // 100)  # the count written a hundred times over the run, at most
     tell = progress_file if is_writer else None
+    tokens = 0  # trained on (padding left out): the train part's throughput
+    clock.switch("train")
     for epoch in range(cfg.epochs):
         if hasattr(getattr(loader, "sampler", None), "set_epoch"):
             loader.sampler.set_epoch(epoch)
         losses = []
         for batch in loader:
             batch = {k: v.to(device) for k, v in batch.items()}
+            tokens += int(batch["attention_mask"].sum())
             loss = model(**batch).loss
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -174,6 +180,7 @@ def finetune(base: str | Path, texts: list[str], cfg: FinetuneConfig, out_dir: s
         "host": host_fingerprint(),  # this process's CPU kernels: the weights' last bits depend on them
         "trained_dtype": "float32", "saved_dtype": str(stored).removeprefix("torch."),
     }
+    clock.switch("save")
     if cfg.method == "lora":
         if out_dir is not None:
             # the unmerged adapter first (merging folds it into the base in place): vLLM serves it
@@ -185,7 +192,15 @@ def finetune(base: str | Path, texts: list[str], cfg: FinetuneConfig, out_dir: s
         inner = inner.merge_and_unload()  # the HF sampler and weight-reading detectors load a plain model
     if is_writer:
         save_model(inner, tok, out_dir, stored)
-    return stats
+    clock.stop()
+    return {**stats, **training_parts(clock, tokens, total)}
+
+
+def training_parts(clock: PartClock, tokens: int, steps: int) -> dict:
+    """A training run's part seconds (load, train, save) and the train part's throughput."""
+    train_s = clock.seconds.get("train")
+    return {"part_seconds": clock.rounded(), "trained_tokens": tokens, "throughput": {"trained_tokens_per_s": per_second(tokens, train_s),
+                                                            "steps_per_s": per_second(steps, train_s)}}
 
 
 def load_for_training(base: str | Path):

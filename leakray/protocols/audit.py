@@ -165,7 +165,7 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
                           meta=card_meta(cfg, tasks, runner.info["base"]["path"]),
                           groups=split().get("near_copy_groups", []))
         return {"rows_in": shadow.num_rows, "rows_out": card.meta["n_val"], "card_id": card.id,
-                "detectors": card.names}
+                "detectors": card.names, **card.stage_parts}
 
     def screen_stage(out: Path) -> dict:
         from leakray.protocols.screen import run_screen

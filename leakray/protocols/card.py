@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 from leakray.detect.card import DETECTORS_DIR, FIT_SCORES, DetectorCard, write_card
 from leakray.evaluate.calibration import calibration_report, fit_calibrator
 from leakray.evaluate.thresholds import choose_threshold
+from leakray.parts import PartClock
 from leakray.schema import C, S
 
 SHADOW_TASKS = "shadow_tasks.parquet"
@@ -42,7 +43,7 @@ def stratified_half(table: pa.Table, share: float, seed: int, groups: list[list[
 def build_card(shadow: pa.Table, cfg, out: Path, *, storage: Path, meta: dict,
                groups: list[list[str]] = ()) -> DetectorCard:
     from leakray.evaluate.inflation import pass_at_1
-    from leakray.protocols.detectors import evaluate_detectors
+    from leakray.protocols.detectors import detect_parts, evaluate_detectors
     from leakray.protocols.simulate import learned_detectors
 
     a, d = cfg.audit, cfg.detect
@@ -56,6 +57,9 @@ def build_card(shadow: pa.Table, cfg, out: Path, *, storage: Path, meta: dict,
                                 storage_path=storage, save_dir=out / DETECTORS_DIR, threshold_rule=d.threshold_rule,
                                 bootstrap=d.bootstrap, detectors=detectors, detector_params=d.params,
                                 trace_memory=d.trace_memory, parallel=d.parallel, copy_groups=groups)
+    clock = PartClock()
+    clock.merge(result.pop("part_seconds", None))
+    clock.switch("calibrate")  # each detector's calibration, its quality and its cut
     scores = result["scores"].to_pandas()
     calibration, quality, cuts = {}, {}, {}
     for name in result["median"]:
@@ -66,13 +70,16 @@ def build_card(shadow: pa.Table, cfg, out: Path, *, storage: Path, meta: dict,
         quality[name] = calibration_report(y, s, a.calibration, seed=a.shadow_seed)
         th = choose_threshold(y, s, f"shadow_fpr:{a.fpr}", chosen_on="shadow validation rows")
         cuts[name] = {"cut": th.value, "fpr": th.fpr, "tpr": th.tpr, "target_fpr": a.fpr}
+    clock.stop()
     # a leak-free model's pass@1 per task (the shadow on the tasks it never saw): the inflation's null
     pq.write_table(pa.table({S.TASK_ID: shadow.column(C.TASK_ID), S.MEMBER: shadow.column(C.MEMBER),
                              "pass1": pa.array(pass_at_1(shadow))}), out / SHADOW_TASKS)
     pq.write_table(fit_half_scores(fit, result["specs"], d.params), out / FIT_SCORES)
     meta = {**meta, "fit_task_ids": sorted(fit.column(C.TASK_ID).to_pylist())}
-    return write_card(out, result=result, val_table=val, calibration=calibration, calibration_quality=quality,
+    card = write_card(out, result=result, val_table=val, calibration=calibration, calibration_quality=quality,
                       suspect_cuts=cuts, meta=meta)
+    card.stage_parts = detect_parts(clock, result)  # for the card stage's marker; not written into the card
+    return card
 
 
 def fit_half_scores(fit: pa.Table, specs: dict[str, dict], params: dict | None = None) -> pa.Table:

@@ -217,7 +217,7 @@ def prove_variants_to(tasks: list[dict], out_dir: Path, *, seed: int, timeout_s:
     from leakray.perturb.keep import BASELINE_FAILED
     from leakray.progress import PROGRESS_FILE, expect_rows
     from leakray.protocols import proof_cache
-    from leakray.stages.prove import kept_summary, one_row_per_task, prove_steps, task_table
+    from leakray.stages.prove import kept_summary, one_row_per_task, prove_parts, prove_steps, task_table
 
     settings = {"seed": seed, "timeout_s": timeout_s, "allow_weak_isolation": allow_weak_isolation}
     every = kinds is None or set(kinds) >= set(KINDS)
@@ -226,12 +226,12 @@ def prove_variants_to(tasks: list[dict], out_dir: Path, *, seed: int, timeout_s:
         settings = {**settings, "kinds": [k for k in KINDS if k in kinds]}
         more, todo = proof_cache.split_cached(todo, settings)
         cached += more
-    parts = []
+    parts, timed = [], {}
     if todo or not cached:
         expect_rows(out_dir, len(todo), C.TASK_ID)  # the console's progress lines while proofs come in
         steps = prove_steps(seed, timeout_s, threads, actors, allow_weak_isolation, None if every else list(kinds))
-        proven = one_row_per_task(run_steps(task_table(todo), steps, batch_size=batch_size, engine=engine,
-                                            out_dir=out_dir))
+        proven, timed = prove_parts(one_row_per_task(run_steps(task_table(todo), steps, batch_size=batch_size,
+                                                               engine=engine, out_dir=out_dir)))
         proof_cache.store(todo, proven, settings)
         parts.append(proven)
     if cached:
@@ -244,7 +244,7 @@ def prove_variants_to(tasks: list[dict], out_dir: Path, *, seed: int, timeout_s:
     # since many of them mean a wrong file (a prompt that is not the program's beginning, a runner)
     failed = sum(any(c.endswith(f"|{BASELINE_FAILED}") for c in row or ())
                  for row in result.column("check").to_pylist())
-    return {"kept": kept_summary(result), "from_cache": len(cached), "references_failed": failed}
+    return {"kept": kept_summary(result), "from_cache": len(cached), "references_failed": failed, **timed}
 
 
 def perturb_spec(cfg, tasks: list[dict]):

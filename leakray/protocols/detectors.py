@@ -27,6 +27,7 @@ from leakray.errors import BadInput
 from leakray.executor.detector_train import train_cgmia_seeds_on_ray
 from leakray.evaluate.metrics import BOOTSTRAP_SEED, N_BOOTSTRAP, binary_metrics, median_over_repeats
 from leakray.evaluate.thresholds import DEFAULT_RULE, ThresholdRule, apply_threshold
+from leakray.parts import PartClock, per_second
 from leakray.schema import C, S
 
 CGMIA = "cgmia"
@@ -75,7 +76,9 @@ COST_NOTE = ("wall_s: fit + threshold + target scoring, all seeds (summed over t
              "on CPUs fits in the driver) run side by side in its threads, so their peak_rss_mb share one "
              "process and their py_peak_mb is null (tracemalloc is process-wide). trial_s sums a Tune-searched model's trial fit "
              "times, and shared_run names detectors whose wall time is one shared run (a Tune search, or CGMIA's "
-             "fits that cgmia_ensemble reuses).")
+             "fits that cgmia_ensemble reuses). part_seconds: that wall time split into fit, threshold (a learned "
+             "detector's cross-fitting included), score and metrics (the bootstrap intervals); a Tune search's fit "
+             "is its trials' own seconds, not its wall time.")
 
 
 class _Cost:
@@ -123,6 +126,13 @@ def _larger(a: float | None, b: float | None) -> float | None:
     return a if b is None else b if a is None else max(a, b)
 
 
+def _summed(*parts: Mapping[str, float] | None) -> dict[str, float]:
+    clock = PartClock()
+    for p in parts:
+        clock.merge(p)
+    return clock.rounded()
+
+
 def _how(a: str | None, b: str | None) -> str | None:
     """How two seed tasks' merged peak was read: exact only if both were."""
     return "sampled" if "sampled" in (a, b) else a
@@ -139,26 +149,36 @@ def fit_and_score(job: tuple[list[str], list[int]], shadow: pa.Table, target: pa
     members, seeds = job
     cls = registry.detector_class(members[0])
     y = _labels(target, "target")
+    clock = PartClock()
     try:
         with _Cost(trace_memory) as cost:
-            if not cls.spec.learns:
-                fitted = {members[0]: [cls(**params.get(members[0], {})).fit(shadow, BASELINE_SEED)]}
-            elif cls.group:
-                fitted = cls.fit_group(members, shadow, seeds, params, context)
-            else:
-                fitted = {members[0]: cls.fit_seeds(shadow, seeds, params.get(members[0]), context)}
+            with clock.part("fit"):
+                if not cls.spec.learns:
+                    fitted = {members[0]: [cls(**params.get(members[0], {})).fit(shadow, BASELINE_SEED)]}
+                elif cls.group:
+                    fitted = cls.fit_group(members, shadow, seeds, params, context)
+                else:
+                    fitted = {members[0]: cls.fit_seeds(shadow, seeds, params.get(members[0]), context)}
             rows: dict[str, list[dict]] = {}
             for name in members:
                 rows[name] = []
                 for det in fitted[name]:
-                    th = det.threshold(shadow, context.threshold_rule)
-                    score = det.score(target)
-                    pred = apply_threshold(score, th["value"])
+                    with clock.part("threshold"):  # a learned detector's cross-fitting is here
+                        th = det.threshold(shadow, context.threshold_rule)
+                    with clock.part("score"):
+                        score = det.score(target)
+                        pred = apply_threshold(score, th["value"])
+                    with clock.part("metrics"):  # the bootstrap intervals
+                        metrics = binary_metrics(y, score, pred, **boot)
                     rows[name].append({"detector": det, "threshold": th, "score": score, "prediction": pred,
-                                       "metrics": binary_metrics(y, score, pred, **boot)})
+                                       "metrics": metrics})
     except BadInput as exc:
         return {"members": members, "skipped": f"input unusable: {exc}"}
-    return {"members": members, "rows": rows, "cost": cost.to_dict()}
+    trials = [det.info.get("trial_seconds") for dets in fitted.values() for det in dets]
+    if cls.spec.fit == "ray_tune" and trials and None not in trials:
+        # the search's wall time here is mostly its trials waiting for a CPU: its work is theirs
+        clock.seconds["fit"] = sum(trials)
+    return {"members": members, "rows": rows, "cost": {**cost.to_dict(), "part_seconds": clock.rounded()}}
 
 
 def _merge_seed_jobs(outcomes: list[dict]) -> list[dict]:
@@ -180,6 +200,7 @@ def _merge_seed_jobs(outcomes: list[dict]) -> list[dict]:
                 have["rows"][name] += rows
             cost, more = have["cost"], out["cost"]
             have["cost"] = {"wall_s": round(cost["wall_s"] + more["wall_s"], 3),
+                            "part_seconds": _summed(cost.get("part_seconds"), more.get("part_seconds")),
                             "peak_rss_mb": _larger(cost.get("peak_rss_mb"), more.get("peak_rss_mb")),
                             "py_peak_mb": _larger(cost.get("py_peak_mb"), more.get("py_peak_mb")),
                             "peak_rss_how": _how(cost.get("peak_rss_how"), more.get("peak_rss_how"))}
@@ -325,7 +346,8 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
         outcomes = [fit_and_score(job, shadow_table, target_table, params, context, trace_memory, boot)
                     for job in driver]
     outcomes += gather()
-    for out in sorted(_merge_seed_jobs(outcomes), key=lambda o: runnable.index(o["members"][0])):  # report order
+    merged = sorted(_merge_seed_jobs(outcomes), key=lambda o: runnable.index(o["members"][0]))  # report order
+    for out in merged:
         members = out["members"]
         if "skipped" in out:  # an input missing for some rows (a NaN reference loss) skips it, named
             skipped.update({name: out["skipped"] for name in members})
@@ -350,7 +372,10 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
                 shared["trial_s"] = round(sum(trial_s), 3)
             costs[name] = {**out["cost"], **shared}
 
+    # the stage's parts: summed over the groups (a shared run once), busy seconds wherever they ran
+    part_seconds = _summed(*(out["cost"].get("part_seconds") for out in merged if "cost" in out))
     result = {
+        "part_seconds": part_seconds,
         "per_seed": per_seed,
         "median": {name: median_over_repeats(ms) for name, ms in per_seed.items()},
         "thresholds": thresholds,
@@ -372,6 +397,16 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
                                                         threshold_rule=threshold_rule,
                                                         threshold_folds=threshold_folds)
     return result
+
+
+def detect_parts(clock: PartClock, result: Mapping[str, Any]) -> dict:
+    """The detect stage's marker entries: its part seconds (the detectors' fit, threshold, score and
+    metrics summed over their jobs, and whatever the stage ran beside them, e.g. AdvPrompt's gray-box
+    setting and ablation, on ``clock``) and how many detector seeds it fitted and scored per second
+    of the detectors' own parts."""
+    own = sum(clock.seconds.get(p, 0.0) for p in ("fit", "threshold", "score", "metrics"))
+    fitted = sum(len(v) for v in result.get("per_seed", {}).values())
+    return {"part_seconds": clock.rounded(), "throughput": {"detector_seeds_per_s": per_second(fitted, own)}}
 
 
 def run_combined_ablation(shadow_table: pa.Table, target_table: pa.Table, seeds: Iterable[int] = (0,), *,

@@ -60,7 +60,7 @@ def time_line(ran_now: dict[str, dict], total_s: float, machine: dict | None = N
     makes the run shorter; idle CPUs mean it waited."""
     ran = sorted(((i.get("seconds") or 0.0, name) for name, i in ran_now.items()), reverse=True)
     slow = ", ".join(f"{name} {s:.0f} s" for s, name in ran[:top])
-    # inside the collections: each part's busy time (summed over workers, so parts overlap)
+    # inside the stages: each part's busy time (summed over workers, so parts overlap; `leakray.parts`)
     parts = sorted(((s, f"{name}/{part}") for name, i in ran_now.items()
                     for part, s in (i.get("part_seconds") or {}).items() if s), reverse=True)
     busy = ", ".join(f"{name} {s:.0f} s" for s, name in parts[:top])

@@ -239,7 +239,8 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
     def detect_stage(out: Path) -> dict:
         from leakray.executor.runtime import submit_tasks
         from leakray.protocols.advprompt_eval import advprompt_part
-        from leakray.protocols.detectors import evaluate_detectors
+        from leakray.parts import PartClock
+        from leakray.protocols.detectors import detect_parts, evaluate_detectors
 
         shadow = pq.read_table(runner.dir("collect_shadow") / "collection.parquet")
         target = pq.read_table(runner.dir("collect_target") / "collection.parquet")
@@ -261,7 +262,10 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
                                     parallel=cfg.detect.parallel,
                                     expert_ablation=cfg.detect.expert_ablation,
                                     copy_groups=copy_groups)
+        clock = PartClock()
+        clock.merge(result.pop("part_seconds", None))
         for part, done in zip(parts, extras()):
+            clock.add(f"advprompt_{part}", done["seconds"])
             if part == "graybox":
                 merge_results(result, done, "advprompt_graybox")
             elif "result" in done and "advprompt" in result.get("median", {}):  # the ablation of a detector that ran
@@ -269,7 +273,7 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
         pq.write_table(result.pop("scores"), out / "scores.parquet")
         write_json_atomic(out / "metrics.json", result)
         return {"rows_in": shadow.num_rows + target.num_rows, "rows_out": target.num_rows,
-                "detectors": sorted(result["median"])}
+                "detectors": sorted(result["median"]), **detect_parts(clock, result)}
 
     stages = [
         StageSpec("folds", folds_stage, lambda i: f"D1..D4 sizes {i['sizes']}" + (

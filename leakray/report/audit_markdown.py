@@ -8,7 +8,7 @@ import numpy as np
 
 from leakray.models.host import fingerprint_line
 from leakray.report.advprompt_kinds import advprompt_kinds_line
-from leakray.report.costs import time_by_stage
+from leakray.report.costs import parts_by_stage, time_by_stage
 from leakray.report.rows import row_lines
 
 
@@ -125,7 +125,7 @@ def render_markdown(r: dict) -> str:
     lines += row_lines(r.get("stages") or {})
     if (r.get("environment") or {}).get("cpu"):
         lines += ["", fingerprint_line(r["environment"])]
-    lines += time_by_stage(r.get("stages") or {}, r.get("timings_s") or {})
+    lines += time_by_stage(r.get("stages") or {}, r.get("timings_s") or {}) + parts_by_stage(r.get("stages") or {})
     lines += ["", "Per-sample verdicts: samples.parquet and report.html."]
     return "\n".join(lines) + "\n"
 

@@ -24,7 +24,7 @@ import numpy as np
 from leakray.errors import BadInput
 from leakray.report import plots
 from leakray.report.advprompt_kinds import advprompt_kinds_line
-from leakray.report.costs import shared_run_note, time_by_stage
+from leakray.report.costs import parts_by_stage, shared_run_note, time_by_stage
 from leakray.report.rows import row_lines
 from leakray.schema import S
 
@@ -429,6 +429,7 @@ def render_audit(report: Mapping, samples: list[Mapping]) -> str:
         '<p class="note">Click a header to sort; click a row’s details to see the texts.</p>',
         *(f'<p class="note">{escape(line)}</p>' for line in time_by_stage(report.get("stages") or {},
                                                                           report.get("timings_s") or {}) if line),
+        *(f'<p class="note">{escape(line)}</p>' for line in parts_by_stage(report.get("stages") or {}) if line),
     ]
     return page(title, "\n".join(body))
 
@@ -566,6 +567,10 @@ def render_simulate(report: Mapping, scores) -> str:
         '<p class="note">Every number, per seed: report.json; the same in short: report.md.</p>',
         "<h2>Plots</h2>",
         '<div class="plots">' + "".join(figs) + "</div>" if figs else "<p class='note'>No scores.</p>",
+        # where the run's time went, stage by stage and inside each (report.md's stage table in short)
+        *(f'<p class="note">{escape(line)}</p>' for line in time_by_stage(report.get("stages") or {},
+                                                                          report.get("timings_s") or {}) if line),
+        *(f'<p class="note">{escape(line)}</p>' for line in parts_by_stage(report.get("stages") or {}) if line),
     ]
     return page(title, "\n".join(body))
 

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from leakray.models.host import fingerprint_line, host_fingerprint
 from leakray.report.advprompt_kinds import advprompt_kinds_line
-from leakray.report.costs import shared_run_note
+from leakray.report.costs import parts_text, shared_run_note, throughput_text
 from leakray.report.rows import resumed_line, row_retries_line
 from leakray.runs import MARKER, write_json_atomic
 from leakray.schema import C
@@ -104,6 +104,8 @@ def stage_stats(stages: dict) -> dict:
     markers (None if absent: a marker written before machine_cpu was recorded, or not on Linux)."""
     return {name: {**{k: info.get(k) for k in STAGE_KEYS},
                    "machine_busy": (info.get("machine_cpu") or {}).get("busy_share"),
+                   # each part's seconds and the stage's throughput (`leakray.parts`), where it timed them
+                   **{k: info[k] for k in ("part_seconds", "throughput") if info.get(k)},
                    # a collection's rows tried again after a failure another attempt can cure, where any
                    **({"row_retries": info["row_retries"]} if info.get("row_retries") else {}),
                    # and the rows it read back from a killed attempt of itself
@@ -367,15 +369,18 @@ def render_markdown(r: dict) -> str:
                 "tasks", "pass_rate", "tasks_with_a_pass", "edit_distance", "min_edit_distance", "codebleu",
                 "perplexity", "ref_loss")) + " |")
         lines.append("")
-    lines += ["## Stages", "", "| stage | " + " | ".join(k.replace("_", " ") for k in STAGE_KEYS) + " |",
-              "|---" * (len(STAGE_KEYS) + 1) + "|"]
+    lines += ["## Stages", "", "| stage | " + " | ".join(k.replace("_", " ") for k in STAGE_KEYS)
+              + " | parts (busy s) | throughput |", "|---" * (len(STAGE_KEYS) + 3) + "|"]
     for name, st in (r.get("stages") or {}).items():
-        cells = [_stage_cell(k, st.get(k)) for k in STAGE_KEYS]
+        cells = [_stage_cell(k, st.get(k)) for k in STAGE_KEYS] + [parts_text(st) or "–", throughput_text(st) or "–"]
         made_by = f" (made by {st['reused_from']})" if st.get("reused_from") else ""
         lines.append(f"| {name}{made_by} | " + " | ".join(cells) + " |")
     lines += ["", "machine busy: the share of the CPU time of the machine that ran the driver (on a cluster, the "
               "head's node) that was busy during the stage; stages run side by side share it. Near 100% a stage "
-              "is bound by its CPUs' work (more CPUs or less work shortens it); idle CPUs mean it waited."]
+              "is bound by its CPUs' work (more CPUs or less work shortens it); idle CPUs mean it waited. "
+              "parts: the seconds of each part of the stage, summed over the processes that did it (parts that ran "
+              "side by side add up to more than the stage's wall time), slowest first; throughput: per second of "
+              "the part that did the work."]
     lines += row_retries_line(r.get("stages") or {}) + resumed_line(r.get("stages") or {})
     if any(st.get("reused_from") for st in (r.get("stages") or {}).values()):
         lines += ["", "made by: the stage was adopted from that run, made from the same inputs (the settings it reads "

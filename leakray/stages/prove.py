@@ -7,6 +7,7 @@ both collections (shadow and target) read it."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,10 +16,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from leakray.errors import BadInput
+from leakray.parts import per_second
 from leakray.schema import TASK_SCHEMA, C, T
 from leakray.stages.base import BatchStep, StageResources
 
 BASE_SLOT = "base"
+# a proven batch's time, split evenly over its rows in the C.PART_SECONDS column, in this order:
+# writing the variants, then running each one's tests in the sandbox (`prove_variants_to` sums them)
+PROVE_PARTS = ("generate", "prove")
 
 
 class ProveVariants:
@@ -42,8 +47,11 @@ def prove_batch(batch: pa.Table, sandbox, seed: int, threads: int = 2, kinds: Se
     from leakray.perturb.keep import keep_variants
 
     tasks = batch.to_pylist()
+    t0 = time.perf_counter()
     variants = [variants_of(t, seed, tuple(kinds) if kinds is not None else KINDS) for t in tasks]
+    t1 = time.perf_counter()
     checks = keep_variants(tasks, variants, sandbox, workers=threads)
+    per_row = [(t1 - t0) / max(1, len(tasks)), (time.perf_counter() - t1) / max(1, len(tasks))]
     prompts, slot_kinds, status = [], [], []
     for task, vs, cs in zip(tasks, variants, checks):
         by_slot = {c.slot: (v, c) for v, c in zip(vs, cs)}
@@ -58,7 +66,21 @@ def prove_batch(batch: pa.Table, sandbox, seed: int, threads: int = 2, kinds: Se
     return pa.table({C.TASK_ID: [t[T.TASK_ID] for t in tasks],
                      C.ADV_PROMPTS: pa.array(prompts, pa.list_(pa.string())),
                      C.ADV_KIND: pa.array(slot_kinds, pa.list_(pa.string())),
-                     "check": pa.array(status, pa.list_(pa.string()))})
+                     "check": pa.array(status, pa.list_(pa.string())),
+                     C.PART_SECONDS: pa.array([per_row] * len(tasks), pa.list_(pa.float64()))})
+
+
+def prove_parts(proven: pa.Table) -> tuple[pa.Table, dict]:
+    """The proven rows without their times, and the stage's part seconds and throughput
+    (variants written, then proven, per second of each part) from them."""
+    if C.PART_SECONDS not in proven.column_names:
+        return proven, {}
+    rows = [r for r in proven.column(C.PART_SECONDS).to_pylist() if r]
+    seconds = {part: round(sum(r[j] for r in rows), 2) for j, part in enumerate(PROVE_PARTS)}
+    tried = sum(len(c or ()) for c in proven.column("check").to_pylist())
+    return proven.drop_columns([C.PART_SECONDS]), {"part_seconds": seconds, "throughput": {
+        "variants_written_per_s": per_second(tried, seconds["generate"]),
+        "variants_proven_per_s": per_second(tried, seconds["prove"])}}
 
 
 def prove_steps(seed: int, timeout_s: float, threads: int, actors: int, allow_weak_isolation: bool,
