@@ -59,8 +59,19 @@ def test_card_saves_and_reuses_the_same_scores(tmp_path):
                                          "detect.cgmia.epochs=3", "detect.bootstrap=20"], AuditConfig)
     shadow = synthetic_collection(n=80, seed=3, signal=1.0, prefix="s")
     target = synthetic_collection(n=40, seed=4, signal=1.0, prefix="t")
-    card = build_card(shadow, cfg, tmp_path / "card", storage=tmp_path / "ray", meta={"benchmark": {"name": "x"}})
+    from leakray.progress import PROGRESS_FILE, JobTally
+
+    # counted as the card stage counts its detector jobs: the count lies in the card's directory
+    # while it is built, and is not one of the card's files (the stage removes it when it ends)
+    (tmp_path / "card").mkdir()  # the stage's directory, there before its work starts
+    tally = JobTally(tmp_path / "card" / PROGRESS_FILE)
+    card = build_card(shadow, cfg, tmp_path / "card", storage=tmp_path / "ray", meta={"benchmark": {"name": "x"}},
+                      tally=tally)
     assert set(card.names) == {"cgmia", "ref_loss"} and card.meta["n_val"] == 40
+    # two jobs: ref_loss, and cgmia's seeds in one (not detect.parallel: no Ray task per seed)
+    assert tally.done == tally.total == 2 and PROGRESS_FILE not in card.meta["files"]
+    assert {"fit", "threshold", "score", "metrics", "calibrate"} <= set(card.stage_parts["part_seconds"])
+    (tmp_path / "card" / PROGRESS_FILE).unlink()
     first, skipped = card.score(target)
     again, _ = DetectorCard(tmp_path / "card").score(target)  # a fresh load: weights and projections from disk
     for name in card.names:

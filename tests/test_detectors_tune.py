@@ -2,6 +2,8 @@
 shadow's validation split, the target never seen), and evaluate_detectors end to end over
 the registry: skipped detectors with reasons, costs, shadow-chosen thresholds."""
 
+import json
+
 import pandas as pd
 import pyarrow as pa
 import pytest
@@ -245,11 +247,19 @@ def test_detectors_side_by_side_as_ray_tasks_give_the_sequential_result(ray_loca
     target = rich_collection(n=60, seed=2, prefix="u", signal=0.5)
     names = ["min_k", "gt_match", "toy", "gotcha", "codemi"]
     kw = dict(seeds=[0, 1], detectors=names, bootstrap=50, trace_memory=False)
+    from leakray.progress import JobTally
+
+    tally = JobTally(tmp_path / "progress.json")
     try:
-        side = evaluate_detectors(shadow, target, parallel=True, save_dir=tmp_path / "side", **kw)
+        side = evaluate_detectors(shadow, target, parallel=True, save_dir=tmp_path / "side", tally=tally, **kw)
         seq = evaluate_detectors(shadow, target, parallel=False, **kw)
     finally:
         registry.detector_class.cache_clear()
+    # every job counted once as it finished: the two learned detectors' (gotcha, codemi) seeds a
+    # Ray task each, the three that learn nothing one each
+    assert tally.done == tally.total == 2 * 2 + 3
+    assert json.loads((tmp_path / "progress.json").read_text()) == {"total": 7, "done": 7, "unit": "jobs",
+                                                                      "pace": False}
     assert list(side["per_seed"]) == list(seq["per_seed"]) == names  # report order kept
     for name in names:
         assert [m["auc"] for m in side["per_seed"][name]] == [m["auc"] for m in seq["per_seed"][name]], name

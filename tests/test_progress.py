@@ -95,6 +95,35 @@ def test_a_fine_tune_counts_its_steps_for_its_stage(tmp_path, monkeypatch):
     progress.report_steps(tmp_path / "no" / "such" / "dir" / "p.json", 1, 2)  # another node's path: skipped
 
 
+def test_a_stage_of_jobs_counts_them_as_they_finish_in_any_order(tmp_path, monkeypatch):
+    """The detect stage's jobs (detectors and seeds) finish in any order, from Ray tasks and the
+    driver's threads: a `JobTally` counts them, the jobs added as the stage plans them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from leakray.executor.runtime import submit_tasks
+
+    monkeypatch.setattr(progress, "EVERY_S", 0.02)
+    out = io.StringIO()
+
+    def stage(d):
+        tally = progress.JobTally(d / progress.PROGRESS_FILE, unit="detector jobs")
+        tally.add(2)
+        gather = submit_tasks(lambda x: x * 2, [1, 2], on_done=tally.finished)  # local: counted as it runs
+        assert gather() == [2, 4] and tally.done == 2
+        tally.add(6)
+        with ThreadPoolExecutor(3) as pool:
+            list(pool.map(lambda _: tally.finished(), range(6)))
+        deadline = time.monotonic() + 30
+        while "8 of 8 detector jobs" not in out.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return {}
+
+    StageRunner(tmp_path, Console(stream=out)).run([StageSpec("detect", stage)])
+    lines = [line.split("running  ")[1] for line in out.getvalue().splitlines() if "running" in line]
+    assert lines and lines[-1].startswith("8 of 8 detector jobs after"), out.getvalue()
+    assert not any("left" in line for line in lines)  # jobs of any size: no time left is guessed
+    assert not (tmp_path / "detect" / progress.PROGRESS_FILE).exists()
+
 def test_the_fine_tune_writes_its_count_where_it_is_told(tmp_path, tiny_lm):
     import json
 

@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 from leakray.detect.datafiles import DATA_SUFFIXES
 from leakray.errors import BadInput
 from leakray.evaluate.calibration import Calibrator
+from leakray.progress import PROGRESS_FILE
 from leakray.runs import MARKER, content_hash, file_digest, write_json_atomic
 from leakray.schema import S
 
@@ -145,9 +146,10 @@ def write_card(out: Path, *, result: dict, val_table: pa.Table, calibration: dic
 
 
 def _card_paths(root: Path) -> list[Path]:
-    """Every file of a card but card.json (and the stage marker of the run that built it)."""
+    """Every file of a card but card.json (and the stage marker and progress count of the run that
+    built it)."""
     return sorted(p for p in root.rglob("*") if not p.is_dir() and p.relative_to(root).as_posix()
-                  not in (CARD_FILE, MARKER) and not p.name.startswith(CARD_FILE + ".tmp"))
+                  not in (CARD_FILE, MARKER) and not p.name.startswith((CARD_FILE + ".tmp", PROGRESS_FILE)))
 
 
 def check_suffixes(root: Path) -> None:

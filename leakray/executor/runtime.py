@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 
 # The address of the local instance ensure_ray started (exported as RAY_ADDRESS for Ray Train's
@@ -77,16 +78,24 @@ def run_task(fn, *args, engine: str = "local", num_gpus: float = 0, num_cpus: fl
 
 
 def submit_tasks(fn, items: list, *shared, engine: str = "local", num_cpus: float = 1,
-                 env: dict | None = None):
+                 env: dict | None = None, on_done=None):
     """``[fn(item, *shared) for item in items]`` as one Ray task per item running side by side
     (the shared arguments go through the object store once), in two halves: the tasks start now,
     in the order given (put the longest first), and the function returned waits for their
     results, in order, so the caller can do its own work in between (a Ray Train run fitting
     beside the tasks). With ``engine="local"`` the work runs here when the results are asked
     for. ``env``: variables the tasks need that a cluster's workers were not started with
-    (plug-in detectors)."""
+    (plug-in detectors). ``on_done()``: called once per item as it finishes, in the order they
+    finish (a stage's progress count, `progress.JobTally`)."""
+    tell = on_done or (lambda: None)
     if engine == "local" or not items:
-        return lambda: [fn(item, *shared) for item in items]
+        def run_here() -> list:
+            out = []
+            for item in items:
+                out.append(fn(item, *shared))
+                tell()
+            return out
+        return run_here
     import ray
 
     if not ray.is_initialized():  # not Ray's implicit init on the first .remote(): ours is quiet and known
@@ -96,7 +105,28 @@ def submit_tasks(fn, items: list, *shared, engine: str = "local", num_cpus: floa
     opts = {"num_cpus": num_cpus, **({"runtime_env": {"env_vars": env}} if env else {})}
     task = ray.remote(**opts)(fn)
     pending = [task.remote(item, *refs) for item in items]
-    return lambda: ray.get(pending)
+    # counted as they finish, from now on (the caller may work for minutes before it gathers)
+    counting = threading.Thread(target=_count_finished, args=(list(pending), tell), name="tasks-finished",
+                                daemon=True) if on_done else None
+    if counting is not None:
+        counting.start()
+
+    def gather() -> list:
+        out = ray.get(pending)  # in the order given
+        if counting is not None:
+            counting.join()
+        return out
+    return gather
+
+
+def _count_finished(refs: list, tell) -> None:
+    """``tell()`` once per task of ``refs`` as it finishes (failed ones too: ``ray.get`` raises theirs)."""
+    import ray
+
+    while refs:
+        ready, refs = ray.wait(refs, num_returns=1)
+        for _ in ready:
+            tell()
 
 
 def import_train_and_tune() -> None:

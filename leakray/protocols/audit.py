@@ -158,12 +158,14 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
                 "near_copies_left_out": copies}  # control tasks nearly copying a benchmark task (load_control)
 
     def card_stage(out: Path) -> dict:
+        from leakray.progress import PROGRESS_FILE, JobTally
         from leakray.protocols.card import build_card
 
         shadow = pq.read_table(runner.dir("collect_shadow") / "collection.parquet")
         card = build_card(shadow, cfg, out, storage=runner.run_dir / "ray_train",
                           meta=card_meta(cfg, tasks, runner.info["base"]["path"]),
-                          groups=split().get("near_copy_groups", []))
+                          groups=split().get("near_copy_groups", []),
+                          tally=JobTally(out / PROGRESS_FILE, unit="detector jobs"))  # the progress lines
         return {"rows_in": shadow.num_rows, "rows_out": card.meta["n_val"], "card_id": card.id,
                 "detectors": card.names, **card.stage_parts}
 

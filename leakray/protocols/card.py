@@ -41,7 +41,7 @@ def stratified_half(table: pa.Table, share: float, seed: int, groups: list[list[
 
 
 def build_card(shadow: pa.Table, cfg, out: Path, *, storage: Path, meta: dict,
-               groups: list[list[str]] = ()) -> DetectorCard:
+               groups: list[list[str]] = (), tally=None) -> DetectorCard:
     from leakray.evaluate.inflation import pass_at_1
     from leakray.protocols.detectors import detect_parts, evaluate_detectors
     from leakray.protocols.simulate import learned_detectors
@@ -56,7 +56,7 @@ def build_card(shadow: pa.Table, cfg, out: Path, *, storage: Path, meta: dict,
     result = evaluate_detectors(fit, val, d.cgmia_config(), d.seeds, use_ray_train=d.ray_train(),
                                 storage_path=storage, save_dir=out / DETECTORS_DIR, threshold_rule=d.threshold_rule,
                                 bootstrap=d.bootstrap, detectors=detectors, detector_params=d.params,
-                                trace_memory=d.trace_memory, parallel=d.parallel, copy_groups=groups)
+                                trace_memory=d.trace_memory, parallel=d.parallel, copy_groups=groups, tally=tally)
     clock = PartClock()
     clock.merge(result.pop("part_seconds", None))
     clock.switch("calibrate")  # each detector's calibration, its quality and its cut

@@ -235,7 +235,7 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
                        threshold_folds: int = CROSS_FIT_FOLDS, bootstrap: int = N_BOOTSTRAP,
                        bootstrap_seed: int = BOOTSTRAP_SEED, trace_memory: bool = False,
                        expert_ablation: bool = False, parallel: bool = False,
-                       copy_groups: Iterable[Iterable[str]] = ()) -> dict[str, Any]:
+                       copy_groups: Iterable[Iterable[str]] = (), tally=None) -> dict[str, Any]:
     """Fit every requested detector on the shadow collection, score the target, compare.
 
     ``detectors``: registry names (``leakray.detect.registry``) or ``"all"``. A detector
@@ -267,6 +267,8 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
     share a (benchmark, task_id) unless ``allow_task_overlap``. ``copy_groups``: the benchmark's
     near-copy groups (lists of task ids, `siblings.copy_groups`); a learned detector's inner splits
     keep each on one side (`detect.base.keyed_by_copies`), and the target's intervals draw each whole.
+    ``tally``: a `progress.JobTally` that counts the jobs (a detector group and its seeds) as they
+    finish, for the stage's progress lines.
     """
     from leakray.detect import registry
     from leakray.detect.base import FitContext, keyed_by_copies, missing_input
@@ -331,8 +333,17 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
     # longest tasks start first); meanwhile the groups that start their own Ray Train or Tune run
     # are run from here
     spread, driver = plan_jobs(list(groups.values()), seeds, parallel)
+    finished = tally.finished if tally is not None else (lambda n=1: None)
+    if tally is not None:
+        tally.add(len(spread) + len(driver))
     gather = submit_tasks(fit_and_score, spread, shadow_table, target_table, params, context, trace_memory,
-                          boot, engine="ray" if spread else "local", env=registry.plugins_env())
+                          boot, engine="ray" if spread else "local", env=registry.plugins_env(), on_done=finished)
+
+    def fit_here(job, trace: bool) -> dict:
+        out = fit_and_score(job, shadow_table, target_table, params, context, trace, boot)
+        finished()
+        return out
+
     if parallel and len(driver) > 1:
         # the driver's groups only wait on their Ray Train / Tune runs: start them all at once,
         # one thread each (tracemalloc is process-wide, so their memory is not traced)
@@ -340,11 +351,9 @@ def evaluate_detectors(shadow_table: pa.Table, target_table: pa.Table, config: C
 
         import_train_and_tune()
         with ThreadPoolExecutor(len(driver)) as pool:
-            outcomes = list(pool.map(lambda job: fit_and_score(job, shadow_table, target_table, params, context,
-                                                               False, boot), driver))
+            outcomes = list(pool.map(lambda job: fit_here(job, False), driver))
     else:
-        outcomes = [fit_and_score(job, shadow_table, target_table, params, context, trace_memory, boot)
-                    for job in driver]
+        outcomes = [fit_here(job, trace_memory) for job in driver]
     outcomes += gather()
     merged = sorted(_merge_seed_jobs(outcomes), key=lambda o: runnable.index(o["members"][0]))  # report order
     for out in merged:

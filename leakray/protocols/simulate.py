@@ -240,6 +240,7 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
         from leakray.executor.runtime import submit_tasks
         from leakray.protocols.advprompt_eval import advprompt_part
         from leakray.parts import PartClock
+        from leakray.progress import PROGRESS_FILE, JobTally
         from leakray.protocols.detectors import detect_parts, evaluate_detectors
 
         shadow = pq.read_table(runner.dir("collect_shadow") / "collection.parquet")
@@ -251,9 +252,11 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
             parts = ["graybox"] + (["ablation"] if cfg.detect.advprompt_ablation else [])
         # the folds' own near-copy groups (none in a run drawn before them)
         copy_groups = runner.info["folds"].get("near_copy_groups", [])
+        tally = JobTally(out / PROGRESS_FILE, unit="detector jobs")  # the console's progress lines
+        tally.add(len(parts))
         extras = submit_tasks(advprompt_part, parts, shadow, target, cfg.detect.seeds, cfg.detect.threshold_rule,
                               cfg.detect.bootstrap, copy_groups,
-                              engine="ray" if cfg.detect.parallel and parts else "local")
+                              engine="ray" if cfg.detect.parallel and parts else "local", on_done=tally.finished)
         result = evaluate_detectors(shadow, target, cfg.detect.cgmia_config(), cfg.detect.seeds,
                                     use_ray_train=cfg.detect.ray_train(), storage_path=runner.run_dir / "ray_train",
                                     save_dir=out, threshold_rule=cfg.detect.threshold_rule,
@@ -261,7 +264,7 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
                                     detector_params=cfg.detect.params, trace_memory=cfg.detect.trace_memory,
                                     parallel=cfg.detect.parallel,
                                     expert_ablation=cfg.detect.expert_ablation,
-                                    copy_groups=copy_groups)
+                                    copy_groups=copy_groups, tally=tally)
         clock = PartClock()
         clock.merge(result.pop("part_seconds", None))
         for part, done in zip(parts, extras()):
