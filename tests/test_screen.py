@@ -364,6 +364,9 @@ def test_screen_killed_mid_run_resumes_at_its_stage(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "corpus_pass: already done" in resumed.stderr
     assert (out / "corpus_pass" / "_DONE.json").stat().st_mtime_ns == done
+    # the corpus pass says where its time went, as every protocol's stages do (leakray.parts)
+    marker = json.loads((out / "corpus_pass" / "_DONE.json").read_text())
+    assert marker["part_seconds"]["screen"] > 0 and marker["throughput"]["files_screened_per_s"] > 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["benchmarks"]["humaneval"]["leaked_task_ids"] == ["HumanEval/0", "HumanEval/2"]
 

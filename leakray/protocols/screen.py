@@ -15,6 +15,7 @@ import json
 import shutil
 from pathlib import Path
 
+from leakray.parts import per_second
 from leakray.runs import StageRunner, StageSpec, write_json_atomic
 from leakray.screen import driver as D
 from leakray.screen import outputs as O
@@ -69,9 +70,12 @@ def run_screen(benchmarks: list[tuple[str, str]], corpus: str, output: str, conf
         pairs, corpus_stats, screenable = D.corpus_pass(prep, batches, engine, log)
         with gzip.open(stage_dir / PASS_FILE, "wt", encoding="utf-8") as fh:
             json.dump({"pairs": pairs, "corpus": corpus_stats, "screenable": screenable}, fh, default=_plain)
-        f = corpus_stats["files"]
+        f, busy = corpus_stats["files"], corpus_stats["worker_seconds"]
+        # the screeners' own seconds (summed over workers, as a collection's parts) and their pace
         return {"rows_in": f["in"], "rows_out": corpus_stats["pairs"], "errors": f["skipped"],
-                "documents": corpus_stats["documents"]}
+                "documents": corpus_stats["documents"], "part_seconds": {"screen": busy},
+                "throughput": {"files_screened_per_s": per_second(f["screened"], busy),
+                               "documents_screened_per_s": per_second(corpus_stats["documents"], busy)}}
 
     def outputs_stage(stage_dir: Path) -> dict:
         with gzip.open(out / "corpus_pass" / PASS_FILE, "rt", encoding="utf-8") as fh:
