@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from leakray.models.sampler import SampleConfig
+from leakray.parts import per_second
 from leakray.schema import C, T, collection_schema
 from leakray.stages.base import BatchStep, StageResources, chain
 from leakray.stages.embed import EmbedStage
@@ -202,7 +203,7 @@ def part_stats(table: pa.Table, generated_tokens: int, programs: int) -> dict:
         return {}
     busy = {p: round(sum(r[j] for r in rows), 2) for j, p in enumerate(PARTS)}
     k = max((len(c) for c in table.column(C.COMPLETIONS).to_pylist() if c), default=0)
-    per_s = lambda n, part: round(n / busy[part], 1) if busy[part] > 0 else None  # noqa: E731
+    per_s = lambda n, part: per_second(n, busy[part])  # noqa: E731
     return {"part_seconds": busy, "throughput": {
         "generated_tokens_per_s": per_s(generated_tokens, "sample"), "programs_per_s": per_s(programs, "execute"),
         "tasks_scored_per_s": per_s(len(rows), "score"), "solutions_embedded_per_s": per_s(len(rows) * (k + 1), "embed")}}
