@@ -173,6 +173,21 @@ def test_simulate_report_orders_by_auc_and_plots_first_seed(tmp_path):
     names = re.findall(r"<tr><td>(\w+)</td>", page)
     assert names == ["cgmia", "zlib", "advprompt"]  # by AUC, NaN last
     assert page.count("<svg") == 4 and "needs a reference model" in page and "<img" not in page  # ROC, PR, 2 hist.
+    assert "Inside the stages" not in page  # a report without stage stats: no line
+
+
+def test_simulate_report_says_where_each_stages_time_went(tmp_path):
+    run = _sim_run(tmp_path)
+    report = json.loads((run / "report.json").read_text())
+    report["stages"] = {"detect": {"seconds": 103.3, "machine_busy": 0.96,
+                                   "part_seconds": {"fit": 105.7, "advprompt_ablation": 48.5, "metrics": 3.5},
+                                   "throughput": {"detector_seeds_per_s": 0.8}},
+                        "folds": {"seconds": 0.0}}
+    (run / "report.json").write_text(json.dumps(report))
+    page = rh.write_simulate_html(run).read_text()
+    assert "Time by stage (wall, in the invocation that ran it; the machine&#x27;s CPUs busy over it): detect " \
+           "103.3 s (96%)." in page
+    assert "detect: fit 105.7 s, advprompt_ablation 48.5 s, metrics 3.5 s (0.8 detector seeds/s)." in page
 
 
 # ---------------------------------------------------------------- real browser
