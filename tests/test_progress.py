@@ -149,3 +149,25 @@ def test_a_resumed_stage_counts_the_rows_it_found_as_done_and_paces_on_its_own(t
             time.sleep(0.01)
     # 6 of 10 done, 2 of them by this attempt: its pace is read from those 2, not from the 4 it found
     assert (6, 10, 2) in seen and all(made <= 2 for _, _, made in seen), seen
+
+
+def test_a_base_that_has_to_be_pretrained_counts_its_steps_and_times_its_parts(tmp_path, tiny_lm):
+    """A local base no shipped copy matches is pretrained in the base stage, for minutes on a
+    laptop: its steps reach the stage's progress lines, and the stage's marker its parts, only when
+    the stage built it (a cached base's stats are its build's)."""
+    import json
+
+    from leakray.models.offline import TinyLMConfig, pretrain
+    from leakray.protocols.simulate import base_stage_info
+
+    _, stats = tiny_lm  # the session's tiny model, pretrained by the same function
+    assert list(stats["part_seconds"]) == ["tokenize", "train", "evaluate", "save"]
+    assert stats["trained_tokens"] == stats["steps"] * 4 * 64  # batch_size x block_size a step, no padding
+    cfg = TinyLMConfig(vocab_size=400, n_layer=1, n_embd=32, n_head=2, n_positions=512, block_size=64,
+                       batch_size=4, max_steps=30, pretrain_seconds=60, corpus_mb=0.3, threads=1, warmup_steps=5)
+    pretrain(cfg, tmp_path / "base", progress=False, progress_file=tmp_path / progress.PROGRESS_FILE)
+    assert json.loads((tmp_path / progress.PROGRESS_FILE).read_text()) == {"total": 30, "done": 30, "unit": "steps"}
+    built = base_stage_info("p", {**stats, "cached": False})
+    assert built["part_seconds"] == stats["part_seconds"] and built["throughput"] == stats["throughput"]
+    assert "part_seconds" not in base_stage_info("p", {**stats, "cached": True})  # the build's, not this stage's
+    assert "part_seconds" not in base_stage_info("p", {"name": "an HF model"})

@@ -131,17 +131,26 @@ def warmup_cosine_lr(step: int, peak: float, warmup_steps: int, total_steps: int
     return peak * max(floor, 0.5 * (1 + math.cos(math.pi * min(1.0, step / max(1, total_steps)))))
 
 
-def pretrain(cfg: TinyLMConfig, out_dir: Path, progress: bool = True) -> dict:
-    """Tokenizer + LM from scratch on stdlib source, for cfg.pretrain_seconds; returns stats."""
+def pretrain(cfg: TinyLMConfig, out_dir: Path, progress: bool = True,
+             progress_file: str | Path | None = None) -> dict:
+    """Tokenizer + LM from scratch on stdlib source, for cfg.pretrain_seconds; returns stats.
+    ``progress_file``: where to keep the count of steps for a stage's progress lines
+    (`leakray.progress`)."""
     import torch
     from tqdm.auto import tqdm
     from transformers import GPT2LMHeadModel
+
+    from leakray.models.finetune import training_parts
+    from leakray.parts import PartClock
+    from leakray.progress import report_steps
 
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
+    clock = PartClock()  # tokenize, train, evaluate, save: the base stage's parts when it trains
+    clock.switch("tokenize")
     tok, data = corpus_tokens(cfg)
     tok.save_pretrained(out_dir)
     t_tok = time.perf_counter() - t0
@@ -155,8 +164,10 @@ def pretrain(cfg: TinyLMConfig, out_dir: Path, progress: bool = True) -> dict:
     def lr_at(step: int) -> float:  # over max_steps, never over the clock: the same model on any machine
         return warmup_cosine_lr(step, cfg.lr, cfg.warmup_steps, cfg.max_steps)
 
+    clock.switch("train")
     step, t_train = 0, time.perf_counter()
     bar = tqdm(total=cfg.max_steps, desc="pretrain base LM", disable=not progress, unit="step")
+    tell_every = max(1, cfg.max_steps // 100)  # the count written a hundred times at most
     model.train()
     while step < cfg.max_steps:
         elapsed = time.perf_counter() - t_train
@@ -174,14 +185,20 @@ def pretrain(cfg: TinyLMConfig, out_dir: Path, progress: bool = True) -> dict:
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.2f}", refresh=False)
+        if step % tell_every == 0 or step == cfg.max_steps:
+            report_steps(progress_file, step, cfg.max_steps)
     bar.close()
 
+    clock.switch("evaluate")
     model.eval()
     with torch.inference_mode():
         blocks = val[: (len(val) // cfg.block_size) * cfg.block_size].view(-1, cfg.block_size)
         val_loss = float(sum(model(input_ids=b[None], labels=b[None]).loss for b in blocks) / len(blocks))
+    clock.switch("save")
     model.save_pretrained(out_dir)
+    clock.stop()
     stats = {
+        **training_parts(clock, step * cfg.batch_size * cfg.block_size, step),
         "config": asdict(cfg), "steps": step, "stopped_by_time_cap": step < cfg.max_steps,
         "val_loss": round(val_loss, 4),
         "train_tokens": int(len(train)), "parameters": sum(p.numel() for p in model.parameters()),
@@ -192,8 +209,10 @@ def pretrain(cfg: TinyLMConfig, out_dir: Path, progress: bool = True) -> dict:
     return stats
 
 
-def ensure_base_model(cfg: TinyLMConfig | None = None, progress: bool = True) -> tuple[Path, dict]:
-    """Path of the cached locally pretrained base model (building it on first use) and its stats."""
+def ensure_base_model(cfg: TinyLMConfig | None = None, progress: bool = True,
+                      progress_file: str | Path | None = None) -> tuple[Path, dict]:
+    """Path of the cached locally pretrained base model (building it on first use) and its stats.
+    ``progress_file``: where a build keeps its count of steps (`pretrain`)."""
     cfg = cfg or TinyLMConfig()
     out = cache_root() / f"base-{content_hash(asdict(cfg))}"
     stats_file = out / "pretrain.json"
@@ -210,7 +229,7 @@ def ensure_base_model(cfg: TinyLMConfig | None = None, progress: bool = True) ->
     # file checked against the manifest's digest); anything else is trained
     stats = None if os.environ.get("LEAKRAY_NO_PREBUILT") else prebuilt.install(cfg, tmp)
     if stats is None:
-        stats = pretrain(cfg, tmp, progress=progress)
+        stats = pretrain(cfg, tmp, progress=progress, progress_file=progress_file)
     else:
         log.info("base LM: the prebuilt copy (%s)", prebuilt.shipped_for(cfg))
     try:

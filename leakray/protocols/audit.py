@@ -22,8 +22,8 @@ from leakray.console import Console
 from leakray.data.registry import benchmark_path
 from leakray.detect.card import DetectorCard
 from leakray.errors import BadInput
-from leakray.protocols.simulate import (base_model, collect_config, copy_groups_of, load_tasks, model_path,
-                                        preflight_isolation, training_text)
+from leakray.protocols.simulate import (base_model, base_stage_info, collect_config, copy_groups_of, load_tasks,
+                                        model_path, preflight_isolation, training_text)
 from leakray.protocols.stage_keys import audit_keys, with_keys
 from leakray.runs import (MARKER, StageRunner, StageSpec, Together, content_hash, machine_cpu, machine_use,
                           write_json_atomic)
@@ -80,8 +80,9 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
                 "near_copy_groups": len(groups)}
 
     def base_stage(out: Path) -> dict:
-        path, stats = base_model(cfg)
-        return {"path": path, "stats": stats}
+        from leakray.progress import PROGRESS_FILE
+
+        return base_stage_info(*base_model(cfg, progress_file=out / PROGRESS_FILE))
 
     def finetune(role: str, members_key: str):
         def run(out: Path) -> dict:

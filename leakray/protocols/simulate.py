@@ -96,15 +96,25 @@ def nonoracle_reference(cfg: SimulateConfig) -> str | None:
     return model_path(cfg, name)
 
 
-def base_model(cfg: SimulateConfig, which: str = "base") -> tuple[str, dict]:
-    """(path, stats) of the target's base ("base") or the shadow's ("shadow_base")."""
+def base_model(cfg: SimulateConfig, which: str = "base", progress_file: Path | None = None) -> tuple[str, dict]:
+    """(path, stats) of the target's base ("base") or the shadow's ("shadow_base"). ``progress_file``:
+    where a local base that has to be pretrained keeps its count of steps (`leakray.progress`)."""
     from leakray.models.offline import ensure_base_model
 
     ref = cfg.model.base if which == "base" else (cfg.model.shadow_base or cfg.model.base)
     if ref not in ("tiny", "tiny-alt"):
         return ref, {"name": ref}
-    path, stats = ensure_base_model(to_stage(cfg.model.tiny if ref == "tiny" else cfg.model.shadow_tiny))
+    path, stats = ensure_base_model(to_stage(cfg.model.tiny if ref == "tiny" else cfg.model.shadow_tiny),
+                                    progress_file=progress_file)
     return str(path), stats
+
+
+def base_stage_info(path: str, stats: dict) -> dict:
+    """A base stage's marker: the model and its stats, and where the time went when this stage
+    pretrained it (a cached or shipped base's stats are its build's: their parts are not this stage's)."""
+    built_now = stats.get("cached") is False and "part_seconds" in stats
+    return {"path": path, "stats": stats,
+            **({k: stats[k] for k in ("part_seconds", "throughput")} if built_now else {})}
 
 
 def model_path(cfg: SimulateConfig, name: str) -> str:
@@ -172,8 +182,9 @@ def simulate_stages(cfg: SimulateConfig, tasks: list[dict], runner: StageRunner,
 
     def base_stage(which: str):
         def run(out: Path) -> dict:
-            path, stats = base_model(cfg, which)
-            return {"path": path, "stats": stats}
+            from leakray.progress import PROGRESS_FILE
+
+            return base_stage_info(*base_model(cfg, which, progress_file=out / PROGRESS_FILE))
         return run
 
     def base_of(role: str) -> str:
