@@ -28,7 +28,7 @@ def test_member_fraction_subsamples_the_evaluated_target(fraction, expect):
 def test_a_mismatched_shadow_starts_from_another_base(monkeypatch, tmp_path):
     built = []
 
-    def fake_ensure(cfg):
+    def fake_ensure(cfg, progress_file=None):
         built.append(cfg)
         return tmp_path / f"base-{cfg.n_layer}-{cfg.n_embd}-{cfg.seed}", {"val_loss": 1.0}
 
