@@ -57,3 +57,11 @@ def per_second(count: float, seconds: float | None) -> float | None:
     """``count`` per second of ``seconds``; None where nothing was timed (a part that took no time
     has no throughput, rather than an infinite one)."""
     return round(count / seconds, 1) if seconds and seconds > 0 else None
+
+
+def training_parts(clock: PartClock, tokens: int, steps: int) -> dict:
+    """A training run's marker entries (a fine-tune, a pretraining mixture, a base pretrained from
+    scratch): its parts, the tokens it trained on, and the train part's throughput."""
+    train_s = clock.seconds.get("train")
+    return {"part_seconds": clock.rounded(), "trained_tokens": tokens,
+            "throughput": {"trained_tokens_per_s": per_second(tokens, train_s), "steps_per_s": per_second(steps, train_s)}}

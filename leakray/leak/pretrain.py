@@ -17,10 +17,10 @@ import numpy as np
 
 from leakray.errors import BadInput
 from leakray.leak.mixture import MixConfig
-from leakray.models.finetune import load_for_training, save_model, training_parts
+from leakray.models.finetune import load_for_training, save_model
 from leakray.models.kernels import fuse_gelu
 from leakray.models.offline import warmup_cosine_lr
-from leakray.parts import PartClock
+from leakray.parts import PartClock, training_parts
 
 
 def continue_pretrain(base_path: str | Path, sequences: np.ndarray, cfg: MixConfig, out_dir: str | Path | None,

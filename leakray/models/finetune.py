@@ -15,7 +15,7 @@ from pathlib import Path
 
 from leakray.models.host import host_fingerprint, stored_dtype
 from leakray.models.kernels import fuse_gelu
-from leakray.parts import PartClock, per_second
+from leakray.parts import PartClock, training_parts
 
 # Leaf module names of attention q/k/v/o and FFN linears across common architectures.
 _LORA_TARGETS = {
@@ -194,13 +194,6 @@ def finetune(base: str | Path, texts: list[str], cfg: FinetuneConfig, out_dir: s
         save_model(inner, tok, out_dir, stored)
     clock.stop()
     return {**stats, **training_parts(clock, tokens, total)}
-
-
-def training_parts(clock: PartClock, tokens: int, steps: int) -> dict:
-    """A training run's part seconds (load, train, save) and the train part's throughput."""
-    train_s = clock.seconds.get("train")
-    return {"part_seconds": clock.rounded(), "trained_tokens": tokens, "throughput": {"trained_tokens_per_s": per_second(tokens, train_s),
-                                                            "steps_per_s": per_second(steps, train_s)}}
 
 
 def load_for_training(base: str | Path):

@@ -140,8 +140,7 @@ def pretrain(cfg: TinyLMConfig, out_dir: Path, progress: bool = True,
     from tqdm.auto import tqdm
     from transformers import GPT2LMHeadModel
 
-    from leakray.models.finetune import training_parts
-    from leakray.parts import PartClock
+    from leakray.parts import PartClock, training_parts
     from leakray.progress import report_steps
 
     torch.manual_seed(cfg.seed)
@@ -153,7 +152,6 @@ def pretrain(cfg: TinyLMConfig, out_dir: Path, progress: bool = True,
     clock.switch("tokenize")
     tok, data = corpus_tokens(cfg)
     tok.save_pretrained(out_dir)
-    t_tok = time.perf_counter() - t0
     n_val = cfg.block_size * 64
     train, val = data[:-n_val], data[-n_val:]
 
@@ -202,7 +200,7 @@ def pretrain(cfg: TinyLMConfig, out_dir: Path, progress: bool = True,
         "config": asdict(cfg), "steps": step, "stopped_by_time_cap": step < cfg.max_steps,
         "val_loss": round(val_loss, 4),
         "train_tokens": int(len(train)), "parameters": sum(p.numel() for p in model.parameters()),
-        "seconds_tokenizer": round(t_tok, 1), "seconds_total": round(time.perf_counter() - t0, 1),
+        "seconds_tokenizer": round(clock.seconds["tokenize"], 1), "seconds_total": round(time.perf_counter() - t0, 1),
     }
     write_json_atomic(out_dir / "pretrain.json", stats)
     log.info("base LM: %d steps, val loss %.3f", step, val_loss)
