@@ -30,7 +30,9 @@ def test_prove_batch_folds_kept_variants_into_one_row_per_task(tmp_path):
     out, timed = prove_parts(out)
     assert C.PART_SECONDS not in out.column_names
     seconds, tried = timed["part_seconds"], sum(len(c) for c in out.column("check").to_pylist())
-    assert set(seconds) == {"generate", "prove"} and seconds["prove"] > seconds["generate"] > 0
+    # (writing three tasks' variants takes milliseconds: its seconds may round to 0.0, its rate not)
+    assert set(seconds) == {"generate", "prove"} and seconds["prove"] > seconds["generate"] >= 0
+    assert timed["throughput"]["variants_written_per_s"] > timed["throughput"]["variants_proven_per_s"]
     assert timed["throughput"]["variants_proven_per_s"] == pytest.approx(tried / seconds["prove"], rel=0.02)
     pq.write_table(out, tmp_path / "variants.parquet")
     joined = attach_variants(input_table(tasks[::-1], {}, set()), tmp_path / "variants.parquet")
