@@ -21,6 +21,7 @@ class PartClock:
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self.counts: dict[str, int] = {}  # work items per part, where a part counts them (`count`)
         self._running: tuple[str, float] | None = None
 
     def switch(self, name: str) -> None:
@@ -44,6 +45,10 @@ class PartClock:
     def add(self, name: str, seconds: float) -> None:
         self.seconds[name] = self.seconds.get(name, 0.0) + float(seconds)
 
+    def count(self, name: str, n: int) -> None:
+        """``n`` more items done in part ``name`` (texts scored, rows written): its throughput's numerator."""
+        self.counts[name] = self.counts.get(name, 0) + int(n)
+
     def merge(self, other: Mapping[str, float] | None) -> None:
         """Add another clock's (or a marker's) part seconds to these."""
         for name, s in (other or {}).items():
@@ -57,6 +62,14 @@ def per_second(count: float, seconds: float | None) -> float | None:
     """``count`` per second of ``seconds``; None where nothing was timed (a part that took no time
     has no throughput, rather than an infinite one)."""
     return round(count / seconds, 1) if seconds and seconds > 0 else None
+
+
+def timed(fn, *args):
+    """``fn(*args, clock=clock)`` with a fresh clock, wherever it runs (here, or in a Ray task
+    whose clock would not come back): its result, and the clock's seconds and counts."""
+    clock = PartClock()
+    result = fn(*args, clock=clock)
+    return result, {"seconds": clock.seconds, "counts": clock.counts}
 
 
 def training_parts(clock: PartClock, tokens: int, steps: int) -> dict:

@@ -132,6 +132,9 @@ def test_audit_end_to_end_then_reuse_card(ray_head, tmp_path, leakray_cache):
     np.testing.assert_allclose(a["score"].to_numpy(), b["score"].to_numpy(), rtol=1e-6, atol=1e-6)
     scored = pq.read_table(reuse / "control_scores" / "control_scores.parquet").to_pylist()
     assert [r["set"] for r in scored] == ["benchmark"] * 8 + ["control"] * 40 and not any(r["reason"] for r in scored)
+    marker = json.loads((reuse / "control_scores" / "_DONE.json").read_text())  # its parts (leakray.parts)
+    assert set(marker["part_seconds"]) == {f"{p}_{m}" for p in ("load", "score") for m in ("target", "reference")}
+    assert marker["throughput"]["target_texts_per_s"] > 0 and marker["throughput"]["reference_texts_per_s"] > 0
     c = r2["summary"]["control"]
     assert c["n_control"] == 40 and c["n_tested"] == 8 and not c["usable"] and "30 of each needed" in c["why_unusable"]
     assert r2["summary"]["leaked_fraction"]["route"] != "control"

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from leakray.parts import PartClock, per_second
+from leakray.parts import PartClock, per_second, timed
 
 
 def test_a_part_clock_adds_up_each_parts_time_however_it_is_timed():
@@ -26,6 +26,18 @@ def test_a_part_clock_adds_up_each_parts_time_however_it_is_timed():
     with pytest.raises(ValueError), clock.part("score"):  # a part that fails still counts its time
         raise ValueError
     assert clock.seconds["score"] >= 0
+
+
+def _work(n: int, clock: PartClock) -> str:
+    with clock.part("score"):
+        clock.count("score", n)
+        clock.count("score", 1)
+    return "done"
+
+
+def test_timed_gives_a_functions_result_and_its_clock_from_wherever_it_ran():
+    result, clocked = timed(_work, 4)  # what a Ray task sends back: plain dicts, not the clock
+    assert result == "done" and clocked["counts"] == {"score": 5} and set(clocked["seconds"]) == {"score"}
 
 
 def test_a_throughput_needs_time_spent():

@@ -102,7 +102,8 @@ def test_the_rewrite_test_and_the_control_route_send_what_the_plan_counts(tiny_l
     from leakray.models.sampler import SampleConfig
     from leakray.protocols.audit_plan import control_requests, rewrite_requests
     from leakray.protocols.control_scores import control_scores
-    from leakray.protocols.rewrite_scores import rewrite_scores
+    from leakray.parts import timed
+    from leakray.protocols.rewrite_scores import rewrite_scores, scoring_parts
 
     summing = 'def total(xs):\n    """The sum of xs."""\n'
     tasks = [*_tasks(), {**_tasks()[0], T.TASK_ID: "sum", T.PROMPT: summing,
@@ -110,15 +111,24 @@ def test_the_rewrite_test_and_the_control_route_send_what_the_plan_counts(tiny_l
     model = str(tiny_lm[0])
     with CompletionServer(HFBackend(model)) as srv:
         sample = SampleConfig(backend="openai", endpoint_url=srv.url, k=1, max_new_tokens=8, max_retries=0)
-        rewritten = rewrite_scores(tasks, "served", sample, model, 3, 0)
+        rewritten, rewrite_clock = timed(rewrite_scores, tasks, "served", sample, model, 3, 0)
         after_rewrites = list(srv.requests)
-        control_scores(tasks[:2], tasks[2:], "served", sample, model)
+        _, control_clock = timed(control_scores, tasks[:2], tasks[2:], "served", sample, model)
         after_control = list(srv.requests)[len(after_rewrites):]
     assert max(rewritten.column("n_rewrites").to_pylist()) > 0  # the summing task has locals to rename
     for part, bodies in ((rewrite_requests(tasks, 3, 0), after_rewrites),
                          (control_requests(tasks[:2], tasks[2:]), after_control)):
         assert all(b.get("echo") for b in bodies)
         assert part.requests == len(bodies) > 0 and part.characters == sum(len(b["prompt"]) for b in bodies)
+    # each stage's parts (leakray.parts): both models' load and score, the rewrites' making; each model
+    # scores every text: each rewritten task's original and its rewrites, each task of both sets
+    texts = sum(r["n_rewrites"] + 1 for r in rewritten.to_pylist() if r["target_original"] == r["target_original"])
+    for clocked, n, made in ((rewrite_clock, texts, {"rewrite"}), (control_clock, len(tasks), set())):
+        assert set(clocked["seconds"]) == made | {f"{p}_{role}" for p in ("load", "score") for role in ("target", "reference")}
+        assert clocked["counts"] == {"score_target": n, "score_reference": n}
+        marker = scoring_parts(clocked)
+        assert set(marker["part_seconds"]) == set(clocked["seconds"])
+        assert all(v > 0 for v in marker["throughput"].values()) and len(marker["throughput"]) == 2
 
 
 def test_audit_plan_adds_the_check_the_rewrite_test_and_the_control_route(tmp_path):

@@ -132,30 +132,35 @@ def audit_stages(cfg: AuditConfig, tasks: list[dict], runner: StageRunner, isola
 
     def rewrite_stage(out: Path) -> dict:
         from leakray.executor.runtime import run_task
-        from leakray.protocols.rewrite_scores import rewrite_scores, write_rewrite_scores
+        from leakray.parts import timed
+        from leakray.protocols.rewrite_scores import rewrite_scores, scoring_parts, write_rewrite_scores
 
         ref = target_reference(cfg)
         args = (tasks, target_model(), to_stage(cfg.sample), model_path(cfg, ref), a.rewrites, a.rewrite_seed)
         # the driver may have no GPU: then one Ray task holds both models in turn
-        table = run_task(rewrite_scores, *args, engine="ray" if cfg.ray.use_gpu else "local", num_gpus=1)
+        table, clocked = run_task(timed, rewrite_scores, *args, engine="ray" if cfg.ray.use_gpu else "local",
+                                  num_gpus=1)
         write_rewrite_scores(table, out)
         tested = sum(1 for r in table.column(R.REASON).to_pylist() if not r)
-        return {"rows_in": len(tasks), "rows_out": tested, "reference_model": ref}
+        return {"rows_in": len(tasks), "rows_out": tested, "reference_model": ref, **scoring_parts(clocked)}
 
     def control_stage(out: Path) -> dict:
         from leakray.executor.runtime import run_task
+        from leakray.parts import timed
         from leakray.protocols.control_scores import control_scores, load_control, write_control_scores
+        from leakray.protocols.rewrite_scores import scoring_parts
 
         control, copies = load_control(a.control, tasks)
         ref = target_reference(cfg)
         args = (tasks, control, target_model(), to_stage(cfg.sample), model_path(cfg, ref))
         # as the rewrite test: the driver may have no GPU, then one Ray task holds both models in turn
-        table = run_task(control_scores, *args, engine="ray" if cfg.ray.use_gpu else "local", num_gpus=1)
+        table, clocked = run_task(timed, control_scores, *args, engine="ray" if cfg.ray.use_gpu else "local",
+                                  num_gpus=1)
         write_control_scores(table, out)
         scored = sum(1 for r, s in zip(table.column(K.REASON).to_pylist(), table.column(K.SET).to_pylist())
                      if not r and s == "control")
         return {"rows_in": len(tasks) + len(control), "rows_out": table.num_rows, "control_tasks": len(control),
-                "control_scored": scored, "reference_model": ref,
+                "control_scored": scored, "reference_model": ref, **scoring_parts(clocked),
                 "near_copies_left_out": copies}  # control tasks nearly copying a benchmark task (load_control)
 
     def card_stage(out: Path) -> dict:

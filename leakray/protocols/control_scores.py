@@ -19,6 +19,7 @@ from leakray.data.tasks import continuation
 from leakray.errors import BadInput
 from leakray.evaluate.control_route import FILE
 from leakray.models.sampler import SampleConfig
+from leakray.parts import PartClock
 from leakray.protocols.rewrite_scores import reference_scores
 from leakray.schema import K, T, control_scores_schema
 
@@ -52,24 +53,27 @@ def load_control(spec: str, benchmark: list[dict]) -> tuple[list[dict], list[lis
     return kept, copies
 
 
-def score_whole(model_path: str, sample: SampleConfig, tasks: list[dict]) -> list[tuple[float, float]]:
+def score_whole(model_path: str, sample: SampleConfig, tasks: list[dict], clock: PartClock | None = None,
+                role: str = "model") -> list[tuple[float, float]]:
     """(log p(solution | prompt), log p(prompt)) of each task, NaN where the backend gave none or
     the text was cut to fit the model."""
     out = []
-    for s in reference_scores(model_path, sample, [(t[T.PROMPT], t[T.REFERENCE]) for t in tasks]):
+    pairs = [(t[T.PROMPT], t[T.REFERENCE]) for t in tasks]
+    for s in reference_scores(model_path, sample, pairs, clock=clock, role=role):
         cut = not s.logprobs or any("truncated" in n for n in s.notes)
         out.append((math.nan if cut else math.fsum(s.logprobs), float(s.context_logprob)))
     return out
 
 
 def control_scores(benchmark: list[dict], control: list[dict], target: str, target_sample: SampleConfig,
-                   reference: str) -> pa.Table:
-    """One row per task of both sets (schema K), benchmark first."""
+                   reference: str, clock: PartClock | None = None) -> pa.Table:
+    """One row per task of both sets (schema K), benchmark first. ``clock`` gets each model's
+    load and score (`protocols.rewrite_scores.scoring_parts`)."""
     tasks = [(t, "benchmark") for t in benchmark] + [(t, "control") for t in control]
     plain = [t for t, _ in tasks]
-    tgt = score_whole(target, target_sample, plain)
+    tgt = score_whole(target, target_sample, plain, clock, "target")
     ref = score_whole(reference, SampleConfig(**{**target_sample.__dict__, "backend": "hf", "lora_adapter": None}),
-                      plain)
+                      plain, clock, "reference")
     rows = []
     for (t, which), (ts, tp), (rs, rp) in zip(tasks, tgt, ref):
         missing = [name for name, v in (("the target's solution", ts), ("the target's prompt", tp),
