@@ -50,10 +50,27 @@ def test_collect_local_writes_the_collection_schema(tiny_lm):
     from leakray.stages.rows import PARTS
 
     parts = collection_stats(out, 1.0)["part_seconds"]
-    assert set(parts) == set(PARTS) and parts["extra_passes"] == 0.0  # no upper case, variants, probes
+    assert set(parts) == set(PARTS) and parts["upper_case"] == parts["advprompt"] == parts["probes"] == 0.0  # all off
     assert all(parts[p] > 0 for p in ("load", "sample", "reference", "execute", "score", "embed")), parts
     assert sum(parts.values()) == pytest.approx(sum(map(sum, out.column(C.PART_SECONDS).to_pylist())), abs=0.05)
     assert collection_stats(out, 1.0)["throughput"]["generated_tokens_per_s"] > 0
+
+
+def test_rows_collected_before_the_extra_passes_were_split_still_add_up():
+    """A collection an earlier version started, resumed: its rows read back carry seven parts, the
+    extra passes in one; the stage's stats keep that part beside the new rows' three."""
+    from leakray.stages.collect import part_stats
+    from leakray.stages.rows import LEGACY_PARTS, PARTS, add_part_seconds, row_parts
+
+    old = dict.fromkeys(LEGACY_PARTS, 0.0) | {"sample": 2.0, "extra_passes": 3.0}
+    new = dict.fromkeys(PARTS, 0.0) | {"sample": 1.0, "advprompt": 0.5, "probes": 0.25}
+    table = pa.table({C.PART_SECONDS: [list(old.values()), list(new.values())],
+                      C.COMPLETIONS: [["a"], ["b"]]})
+    busy = part_stats(table, 10, 2)["part_seconds"]
+    assert busy["sample"] == 3.0 and busy["extra_passes"] == 3.0 and busy["advprompt"] == 0.5 and busy["probes"] == 0.25
+    assert add_part_seconds(table, {"sample": [1.0, 1.0]}).column(C.PART_SECONDS).to_pylist()[0][1] == 3.0
+    with pytest.raises(ValueError, match="9 expected"):
+        row_parts([0.0] * 4)
 
 
 def test_finalize_drops_retried_duplicates():

@@ -48,14 +48,14 @@ def test_a_throughput_needs_time_spent():
 def test_reports_say_each_stages_parts_slowest_first_and_their_throughput():
     from leakray.report.costs import parts_by_stage, parts_text, throughput_text
 
-    stages = {"collect_target": {"seconds": 136.8, "part_seconds": {"load": 10.9, "sample": 61.6, "extra_passes": 151.0,
+    stages = {"collect_target": {"seconds": 136.8, "part_seconds": {"load": 10.9, "sample": 61.6, "advprompt": 151.0,
                                                                       "score": 0.0},
                                  "throughput": {"generated_tokens_per_s": 488.3, "programs_per_s": None}},
               "target": {"seconds": 66.9, "part_seconds": {"load": 1.2, "train": 63.1, "save": 0.3},
                          "throughput": {"trained_tokens_per_s": 1520.5}},
               "detect": {"seconds": 108.0, "part_seconds": {"fit": 150.2, "metrics": 3.1}},
               "folds": {"seconds": 0.0}}
-    assert parts_text(stages["collect_target"]) == "extra_passes 151.0 s, sample 61.6 s, load 10.9 s"  # 0 s: left out
+    assert parts_text(stages["collect_target"]) == "advprompt 151.0 s, sample 61.6 s, load 10.9 s"  # 0 s: left out
     assert throughput_text(stages["collect_target"]) == "488.3 generated tokens/s"  # one it could not measure: out
     assert parts_text(stages["folds"]) == throughput_text(stages["folds"]) == ""
     (blank, line), = [parts_by_stage(stages)]

@@ -161,6 +161,9 @@ def test_each_probe_scores_a_memorised_task_above_an_unseen_one(memorised):
                              pa.array([[]] * 2, pa.list_(pa.int32())))
     stats = collection_stats(table, 1.0)
     assert set(stats["probe_seconds"]) == set(pr.PROBES) and min(stats["probe_seconds"].values()) > 0
+    # the probes are a part of the collection's own (stages.rows.PARTS), the other extra passes off here
+    parts = stats["part_seconds"]
+    assert parts["probes"] >= sum(stats["probe_seconds"].values()) - 0.01 and parts["upper_case"] == parts["advprompt"] == 0
 
 
 def test_the_greedy_probe_takes_advprompts_base_completion_instead_of_decoding_it_again(memorised, monkeypatch):
@@ -170,6 +173,7 @@ def test_the_greedy_probe_takes_advprompts_base_completion_instead_of_decoding_i
     from leakray.models.hf_sampler import HFSampler
     from leakray.models.sampler import SampleConfig
     from leakray.stages.collect import finalize
+    from leakray.stages.rows import PARTS
     from leakray.stages.sample import ExtraColumns, SampleStage
 
     sample = SampleConfig(k=1, max_new_tokens=48)
@@ -189,6 +193,9 @@ def test_the_greedy_probe_takes_advprompts_base_completion_instead_of_decoding_i
     stage = SampleStage(memorised, sample, ExtraColumns(advprompt=True, probes=("greedy",)))
     rows = finalize(stage(tasks)).to_pylist()
     assert probed == [[UNSEEN_P]]  # the seen task's prompt was decoded once, in AdvPrompt's pass
+    # each pass's time in its own part: AdvPrompt's completions apart from the probe's (stages.rows.PARTS)
+    parts = [dict(zip(PARTS, r[C.PART_SECONDS])) for r in rows]
+    assert all(p["advprompt"] > 0 and p["probes"] > 0 and p["upper_case"] == 0 for p in parts)
     monkeypatch.setattr(HFSampler, "greedy_probe", original)
     sampler = HFSampler(memorised, sample)  # each prompt alone, as the probe's own call decodes it
     alone = [sampler.greedy_probe([p], ["python"], [key], 48)[0] for p, key in ((SEEN_P, "seen"), (UNSEEN_P, "unseen"))]
@@ -211,6 +218,12 @@ def test_probes_through_an_endpoint_without_logprobs(memorised):
     _seen_above_unseen(table)
     n_texts = sum(len(r[C.PREFIX_CUTS]) + len(r[C.MASK_SPANS]) + 1 for r in table.to_pylist())
     assert probe_requests == n_texts  # one greedy request per probe text, none asking for log-probs
+    # row by row (an endpoint does not batch tasks): each row's probes part holds its probes' own seconds
+    from leakray.stages.rows import PARTS
+
+    for r in table.to_pylist():
+        parts = dict(zip(PARTS, r[C.PART_SECONDS]))
+        assert parts["probes"] >= sum(r[C.PROBE_SECONDS]) - 1e-3 > 0 and parts["advprompt"] < parts["probes"]
     # one per cut of either sampled probe, n draws each
     assert draw_requests == sum(len(r[C.NEXT_CUTS]) + len(r[C.QUESTION_CUTS]) for r in table.to_pylist())
 

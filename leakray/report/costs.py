@@ -28,7 +28,7 @@ def time_by_stage(stages: dict, timings: dict) -> list[str]:
 
 def parts_text(stage: dict) -> str:
     """A stage's parts, slowest first, in seconds (summed over the processes that did them, so parts
-    that ran side by side add up to more than the stage's wall time), e.g. "extra_passes 151.0 s,
+    that ran side by side add up to more than the stage's wall time), e.g. "advprompt 151.0 s,
     sample 61.6 s"; "" for a stage that timed no parts."""
     parts = sorted(((s, p) for p, s in (stage.get("part_seconds") or {}).items() if s), reverse=True)
     return ", ".join(f"{p} {s:.1f} s" for s, p in parts)

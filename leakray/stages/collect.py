@@ -24,7 +24,7 @@ from leakray.schema import C, T, collection_schema
 from leakray.stages.base import BatchStep, StageResources, chain
 from leakray.stages.embed import EmbedStage
 from leakray.stages.execute import ExecuteStage
-from leakray.stages.rows import PARTS, row_failed, row_retryable
+from leakray.stages.rows import PARTS, row_failed, row_parts, row_retryable
 from leakray.stages.sample import ExtraColumns, SampleStage
 from leakray.stages.score import score_stage
 
@@ -201,7 +201,11 @@ def part_stats(table: pa.Table, generated_tokens: int, programs: int) -> dict:
     rows = [r for r in table.column(C.PART_SECONDS).to_pylist() if r] if C.PART_SECONDS in table.column_names else []
     if not rows:
         return {}
-    busy = {p: round(sum(r[j] for r in rows), 2) for j, p in enumerate(PARTS)}
+    busy = dict.fromkeys(PARTS, 0.0)
+    for r in rows:
+        for part, v in zip(row_parts(r), r):
+            busy[part] = busy.get(part, 0.0) + v
+    busy = {p: round(v, 2) for p, v in busy.items()}
     k = max((len(c) for c in table.column(C.COMPLETIONS).to_pylist() if c), default=0)
     per_s = lambda n, part: per_second(n, busy[part])  # noqa: E731
     return {"part_seconds": busy, "throughput": {

@@ -44,10 +44,23 @@ def fault_barrier(stage: str) -> None:
 
 # Where a collection's time goes, per row: model loads (attributed to the first batch a worker
 # takes), the k samples, the reference's scores (under the model and the reference models), the
-# extra passes (upper case, AdvPrompt variants, probes), the sandbox, CodeBLEU and the expert
-# features, the encoder. Summed over rows: each part's busy time, wherever and however in
-# parallel it ran (`collection_stats` turns them into seconds and throughputs).
-PARTS = ("load", "sample", "reference", "extra_passes", "execute", "score", "embed")
+# extra passes each on its own (the upper-cased prompt, the AdvPrompt variants' completions, the
+# memory probes: the demo's largest part, and the one `columns.*` settings shrink), the sandbox,
+# CodeBLEU and the expert features, the encoder. Summed over rows: each part's busy time,
+# wherever and however in parallel it ran (`collection_stats` turns them into seconds and
+# throughputs).
+PARTS = ("load", "sample", "reference", "upper_case", "advprompt", "probes", "execute", "score", "embed")
+# a row collected before the extra passes were timed apart (read back when a collection that an
+# earlier version started is resumed): its three in one
+LEGACY_PARTS = ("load", "sample", "reference", "extra_passes", "execute", "score", "embed")
+
+
+def row_parts(seconds: list[float]) -> tuple[str, ...]:
+    """The part names of one row's part_seconds, by its length."""
+    for names in (PARTS, LEGACY_PARTS):
+        if len(seconds) == len(names):
+            return names
+    raise ValueError(f"a row's part_seconds has {len(seconds)} entries; {len(PARTS)} expected ({', '.join(PARTS)})")
 
 
 def add_part_seconds(batch: pa.Table, seconds: dict[str, list[float]]) -> pa.Table:
@@ -56,9 +69,8 @@ def add_part_seconds(batch: pa.Table, seconds: dict[str, list[float]]) -> pa.Tab
     rows = pylist(batch, C.PART_SECONDS) if C.PART_SECONDS in batch.column_names else [None] * n
     rows = [list(r) if r else [0.0] * len(PARTS) for r in rows]
     for part, values in seconds.items():
-        j = PARTS.index(part)
         for r, v in zip(rows, values):
-            r[j] += v
+            r[row_parts(r).index(part)] += v
     return with_columns(batch, {C.PART_SECONDS: rows})
 
 

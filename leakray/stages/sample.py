@@ -21,6 +21,9 @@ from leakray.stages.rows import (add_part_seconds, failure_note, fault_barrier, 
                                  take_load, with_columns)
 
 LOG = logging.getLogger(__name__)
+# the batched calls' kinds (`SampleStage._prefetch`) that are parts of their own (`stages.rows.PARTS`);
+# every other kind is a memory probe, and the probes are one part (their split: `probe_seconds`)
+EXTRA_PASSES = {"upper": "upper_case", "adv": "advprompt"}
 
 
 @dataclass
@@ -90,7 +93,7 @@ class SampleStage:
         langs, keys = pylist(batch, C.LANGUAGE), pylist(batch, C.TASK_ID)
         adv = pylist(batch, C.ADV_PROMPTS) if self.extra.advprompt and C.ADV_PROMPTS in batch.column_names else None
         tests = pylist(batch, T.TESTS) if T.TESTS in batch.column_names else [""] * len(prompts)
-        rows, spent = [], {p: [] for p in ("sample", "reference", "extra_passes")}
+        rows, spent = [], {p: [] for p in ("sample", "reference", *EXTRA_PASSES.values(), "probes")}
         pre = self._prefetch(prompts, refs, langs, keys, adv, tests)
         for i in range(len(prompts)):
             self._spent = dict.fromkeys(spent, 0.0)
@@ -224,8 +227,8 @@ class SampleStage:
         t = time.perf_counter()
         if pre is not None:  # generated with the batch's other tasks (`_prefetch`): its time is its share
             s = pre["sample"]  # the batch's counters moved in `_prefetch`: the row's own are in s.notes
-            self._spent["sample"] += pre["seconds"]["sample"]
-            self._spent["extra_passes"] += sum(v for part, v in pre["seconds"].items() if part != "sample")
+            for kind, v in pre["seconds"].items():  # the batched calls' shares: each pass's to its part
+                self._spent[kind if kind == "sample" else EXTRA_PASSES.get(kind, "probes")] += v
         else:
             (s,) = sampler.sample([prompt], [lang], [key])
         t = self._clock("sample", t)
@@ -257,12 +260,14 @@ class SampleStage:
             (u,) = [pre["upper"]] if pre is not None else \
                 sampler.sample([uppercase_prompt(prompt, lang)], [lang], [key + "#upper"])
             row[C.UPPER_COMPLETIONS], row[C.UPPER_PERPLEXITY] = u.completions, u.perplexity
+            t = self._clock("upper_case", t)
         if adv_prompts is not None and not row_failed(notes):
             row[C.ADV_COMPLETIONS], row[C.ADV_PERPLEXITY] = pre["adv"] if pre is not None else \
                 self._adv(adv_prompts, lang, key)
+            t = self._clock("advprompt", t)
         if self.extra.probes and not row_failed(notes):
             row.update(self._probes(prompt, ref, lang, key, tests))
-        self._clock("extra_passes", t)
+            self._clock("probes", t)
         row[C.NOTES] = notes
         return row
 
