@@ -45,7 +45,7 @@ def fault_barrier(stage: str) -> None:
 # Where a collection's time goes, per row: model loads (attributed to the first batch a worker
 # takes), the k samples, the reference's scores (under the model and the reference models), the
 # extra passes each on its own (the upper-cased prompt, the AdvPrompt variants' completions, the
-# memory probes: the demo's largest part, and the one `columns.*` settings shrink), the sandbox,
+# memory probes: together the demo's largest cost, each one a `columns.*` setting shrinks), the sandbox,
 # CodeBLEU and the expert features, the encoder. Summed over rows: each part's busy time,
 # wherever and however in parallel it ran (`collection_stats` turns them into seconds and
 # throughputs).
