@@ -152,8 +152,8 @@ def finetune(base: str | Path, texts: list[str], cfg: FinetuneConfig, out_dir: s
             loader.sampler.set_epoch(epoch)
         losses = []
         for batch in loader:
+            tokens += int(batch["attention_mask"].sum())  # counted where the loader made it: no device sync
             batch = {k: v.to(device) for k, v in batch.items()}
-            tokens += int(batch["attention_mask"].sum())
             loss = model(**batch).loss
             opt.zero_grad(set_to_none=True)
             loss.backward()
