@@ -373,6 +373,11 @@ class RayConfig(Section):
     # 0: the encoder runs inside the sampler's actors (one fresh process fewer per collection);
     # n > 0: a pool of its own, n actors (on a GPU run each takes a quarter of a GPU)
     embed_actors: int = Field(0, ge=0)
+    # the sampler on CPUs as Ray tasks whose worker processes keep its models between batches and
+    # stages (true), or as an actor pool of fresh processes per collection (false): each fresh
+    # process imports torch and transformers again (executor/batches.reuse_workers). A GPU sampler
+    # always has its actors. Where it runs, not what it computes: the rows are the same
+    reuse_workers: bool = True
     train_workers: int = Field(1, ge=1)
     use_gpu: bool = False
     # fine-tunes and leak pretraining on Ray Train; "auto": where it places or spreads the work

@@ -20,9 +20,9 @@ SMALL = ["--quick", "--set", "target.epochs=18", "--set", "shadow.epochs=18", "-
          "--set", "detect.advprompt_ablation=false", "--set", "columns.upper_case=false",
          # what the assertions need, not a measurement: no tracemalloc, fewer bootstrap resamples
          "--set", "detect.trace_memory=false", "--set", "detect.bootstrap=200",
-         # one sampler actor: each collection is two batches of 8 tasks, and a second actor's start-up
+         # one sampler worker: each collection is two batches of 8 tasks, and a second worker's start-up
          # (~6.7 CPU s importing torch and transformers, loading two models) outweighs the batch it
-         # takes; the audit's end-to-end test runs the two-actor pool on the head
+         # takes; the audit's end-to-end test runs two on the head
          "--set", "ray.sample_actors=1",
          # AdvPrompt's plumbing with one kind's two variants: its completions and embeddings were a third
          # of each collection's work with all 11 (docs/PERTURB.md, "Choosing kinds")

@@ -1,6 +1,6 @@
 """Faults on a real local Ray head, in one sweep of two cells: SIGKILL of the whole sweep driver
 mid-collection and between cells, then resumed to the end by a `ray job submit` of jobs/sweep.py
-during which a sampler, a sandbox and an embedding actor process are each SIGKILLed mid-stage
+during which a sampler's worker, a sandbox actor and an embedding actor are each SIGKILLed mid-stage
 (held there by the collection's test barrier). Tiny protocol (8 tasks, 1-layer model, k=2) so the
 module stays within a few minutes on two cores."""
 
@@ -35,7 +35,8 @@ TINY = {  # seconds, not a measurement: what the faults need is stages, rows and
     "detect.parallel": False,
 }
 DETECTORS = ["ref_loss", "gt_match", "detectleak", "min_k"]
-# the collection's actor pools in pipeline order: sampler, sandbox, embedding
+# the collection's workers in pipeline order: sampler (Ray tasks on reused workers, `ray.reuse_workers`),
+# sandbox and embedding (actor pools)
 ACTORS = ("SampleStage", "ExecuteStage", "EmbedStage")
 
 
@@ -93,7 +94,7 @@ def catalog_counts(out: Path) -> dict:
 
 
 def wait_held(barrier: Path, cls: str, job, timeout: float = 900.0) -> int:
-    """The pid of the first ``cls`` actor held at the collection's fault barrier."""
+    """The pid of the first ``cls`` worker held at the collection's fault barrier."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         ready = sorted(barrier.glob(f"ready-{cls}-*"))
@@ -113,7 +114,7 @@ def wait_held(barrier: Path, cls: str, job, timeout: float = 900.0) -> int:
 def test_sigkill_driver_then_resume_as_a_job_whose_actors_are_killed(ray_head, tmp_path, leakray_cache):
     """One sweep of two cells, run three times: its driver SIGKILLed mid-collection of the first
     cell, then again between the cells, then resumed to the end under `ray job submit` while a
-    sampler, a sandbox and an embedding actor in turn are SIGKILLed in the second cell's first
+    sampler's worker, a sandbox and an embedding actor in turn are SIGKILLed in the second cell's first
     collection, each while it holds its first batch at the collection's test barrier
     ($LEAKRAY_FAULT_BARRIER), so every kill lands mid-stage by construction; then the class is
     released and the run goes on. The test fails if a finished stage is recomputed or a row is
@@ -124,7 +125,7 @@ def test_sigkill_driver_then_resume_as_a_job_whose_actors_are_killed(ray_head, t
     _, _, gcs, env = ray_head
     env = env_for(env, leakray_cache)
     rng = random.Random(int(os.environ.get("LEAKRAY_FAULT_SEED", time.time())))
-    # the second cell's encoder in a pool of its own (by default it runs in the sampler's actors):
+    # the second cell's encoder in a pool of its own (by default it runs in the sampler's workers):
     # three actor classes to kill there
     spec = sweep_file(tmp_path, "faults", [{"name": "humaneval", "label": "he8"},
                                            {"name": "humaneval", "label": "he9",
@@ -150,10 +151,10 @@ def test_sigkill_driver_then_resume_as_a_job_whose_actors_are_killed(ray_head, t
     second = markers(out)
     assert {k: v for k, v in second.items() if k in first} == first  # nothing finished was recomputed
     (first_cell,) = [d for d in run_dirs(out) if (d / "report.json").exists()]
-    # the second cell had not collected yet: the job below kills actors in its collection
+    # the second cell had not collected yet: the job below kills workers in its collection
     assert not any(next(d.glob("collect_*"), None) for d in run_dirs(out) if d != first_cell)
 
-    # 3) resume to the end as a job, three actors killed in the second cell's first collection
+    # 3) resume to the end as a job, three workers killed in the second cell's first collection
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     job_env = {"LEAKRAY_CACHE": str(leakray_cache), "LEAKRAY_CODE_VERSION": "faults", FAULT_BARRIER_ENV: str(barrier)}

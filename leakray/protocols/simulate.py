@@ -73,7 +73,7 @@ def collect_config(cfg: SimulateConfig, base_path: str | None = None):
         allow_weak_isolation=cfg.execute.allow_weak_isolation,
         embed_model=cfg.embed.model, embed_max_tokens=cfg.embed.max_tokens, embed_stride=cfg.embed.stride,
         embed_batch_size=cfg.embed.batch_size,
-        sample_resources=StageResources(r.sample_actors, 1.0, 1.0 if gpu else 0.0),
+        sample_resources=StageResources(r.sample_actors, 1.0, 1.0 if gpu else 0.0, reuse_workers=r.reuse_workers),
         execute_resources=StageResources(r.execute_actors, 0.0),
         embed_resources=StageResources(max(1, r.embed_actors), 0.0, 0.25 if gpu else 0.0),
         embed_with_sampler=r.embed_actors == 0,

@@ -14,6 +14,11 @@ class StageResources:
     actors: int = 1  # at most this many workers of a class stage (an actor pool on Ray)
     cpus: float = 1.0
     gpus: float = 0.0
+    # a class stage on CPUs may run as tasks on the cluster's reusable worker processes, built once
+    # per process and kept for its next batches, instead of an actor pool of its own
+    # (`executor.batches.reuse_workers`); for state a new configuration can replace (a model), not
+    # for processes and threads of the stage's own (a sandbox pool)
+    reuse_workers: bool = False
 
 
 @dataclass
