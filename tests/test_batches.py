@@ -82,6 +82,19 @@ def test_a_kept_step_is_built_once_per_configuration_and_process(tmp_path, no_ke
     assert kept.tag == "b"
 
 
+def test_only_a_class_step_that_allows_it_and_holds_no_gpu_runs_on_reused_workers():
+    from leakray.executor.batches import reuse_workers
+    from leakray.stages.base import BatchStep, StageResources
+
+    def step(fn=_Built, **res):
+        return BatchStep(fn, {}, StageResources(**{"actors": 2, "cpus": 1.0, **res}))
+
+    assert reuse_workers(step(reuse_workers=True))
+    assert not reuse_workers(step(reuse_workers=True, gpus=1.0))  # a GPU sampler keeps its actor pool
+    assert not reuse_workers(step(reuse_workers=False))  # the sandbox's, an encoder's own pool
+    assert not reuse_workers(step(fn=lambda batch: batch, reuse_workers=True))  # a function: tasks anyway
+
+
 def test_a_kept_step_is_let_go_when_idle_and_never_while_its_batch_runs(tmp_path, no_kept):
     import time as clock
 
@@ -148,3 +161,17 @@ def test_a_batch_slower_than_ray_datas_no_progress_window_is_waited_for(tmp_path
             run_on_ray(table, [step], 3, tmp_path / "failed")
     finally:
         ctx.execution_no_progress_timeout_s = before
+
+
+def test_the_collections_sampler_follows_ray_reuse_workers():
+    from leakray.config import load_config
+    from leakray.executor.batches import reuse_workers
+    from leakray.protocols.simulate import collect_config
+    from leakray.stages.collect import collect_steps
+
+    def sampler(*sets):
+        return collect_steps("model", collect_config(load_config([], list(sets))))[0]
+
+    assert reuse_workers(sampler())  # the default, on CPUs
+    assert not reuse_workers(sampler("ray.reuse_workers=false"))
+    assert not reuse_workers(sampler("ray.use_gpu=true"))
