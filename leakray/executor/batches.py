@@ -97,9 +97,9 @@ def reuse_workers(step: BatchStep) -> bool:
     """Whether a class step runs as Ray tasks on the cluster's reusable worker processes instead
     of an actor pool of its own: one that allows it (`StageResources.reuse_workers`: the sampler,
     `ray.reuse_workers`) and holds no GPU. Ray never gives an actor a process that ran a task, so
-    each actor pool starts fresh processes, and a sampler's imports torch and transformers again
-    (6.7 CPU s on a 2-core host, most of a small collection's sampler time). A task worker that
-    ran the fine-tune or the previous collection has them imported. A GPU step keeps its actors:
+    each actor pool starts fresh processes, and each sampler process imports torch and
+    transformers again (6.7 CPU s on a 2-core host, most of a small collection's sampler time). A
+    task worker that ran the fine-tune or the previous collection has them imported. A GPU step keeps its actors:
     its pool's size is the GPUs it holds, and its model stays on the device it was loaded on."""
     return step.stateful and step.resources.reuse_workers and not step.resources.gpus
 
