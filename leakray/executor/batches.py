@@ -71,14 +71,11 @@ def run_on_ray(table: pa.Table, steps: Sequence[BatchStep], batch_size: int, out
 
     no_progress_guard_off(DataContext.get_current())  # before the dataset copies the context
     ds = ray.data.from_arrow(blocks)
-    light = LIGHT_TASKS if any(reuse_workers(s) for s in steps) else {}
     for step in steps:
         res = step.resources
         opts = {"num_cpus": res.cpus}
         if res.gpus:
             opts["num_gpus"] = res.gpus
-        if not step.stateful and not res.cpus:
-            opts.update(light)
         if reuse_workers(step):
             # as many tasks at once as the pool would have had actors (the CPUs it reserves)
             opts.update(compute=TaskPoolStrategy(size=max(1, min(res.actors, len(blocks)))))
@@ -93,7 +90,7 @@ def run_on_ray(table: pa.Table, steps: Sequence[BatchStep], batch_size: int, out
             opts.update(compute=ActorPoolStrategy(size=max(1, min(res.actors, len(blocks)))),
                         fn_constructor_kwargs=step.kwargs)
         ds = ds.map_batches(step.fn, batch_size=batch_size, batch_format="pyarrow", **opts)
-    return write_parts(ds, out_dir, light)
+    return write_parts(ds, out_dir)
 
 
 def reuse_workers(step: BatchStep) -> bool:
@@ -105,13 +102,6 @@ def reuse_workers(step: BatchStep) -> bool:
     task worker that ran the fine-tune or the previous collection has them imported. A GPU step keeps its actors:
     its pool's size is the GPUs it holds, and its model stays on the device it was loaded on."""
     return step.stateful and step.resources.reuse_workers and not step.resources.gpus
-
-
-# Where a step runs on reused workers, the chain's light tasks (a 0-CPU function step, the part
-# files' writes) run in a worker pool of their own: Ray keys its workers by runtime environment, so
-# such a task never occupies a process that holds the sampler's imports, which would send the next
-# sampler task to a fresh process to import them again (seen: one of the demo's collections).
-LIGHT_TASKS = {"runtime_env": {"env_vars": {"LEAKRAY_LIGHT_TASKS": "1"}}}
 
 
 # This process's built class steps, one per class: a Ray task worker's, kept between its tasks
@@ -193,7 +183,7 @@ def run_steps(table: pa.Table, steps: Sequence[BatchStep], *, batch_size: int, e
     raise ValueError(f"unknown engine {engine!r}; one of {ENGINES}")
 
 
-def write_parts(ds, out_dir: Path, remote_args: dict | None = None) -> pa.Table:
+def write_parts(ds, out_dir: Path) -> pa.Table:
     """Materialise a Ray dataset as part files under ``out_dir/parts`` and read them back. Workers
     write from whatever node they run on: to the run's URI when it has one (`storage.shared_dir`),
     so a multi-node run loses no block; a local path must then be shared by the nodes."""
@@ -201,5 +191,5 @@ def write_parts(ds, out_dir: Path, remote_args: dict | None = None) -> pa.Table:
 
     parts, filesystem = shared_dir(out_dir / "parts")
     clear_dir(parts, filesystem)  # a killed attempt's part files must not be read back
-    ds.write_parquet(parts, filesystem=filesystem, ray_remote_args={"num_cpus": 0, **(remote_args or {})})  # see run_on_ray
+    ds.write_parquet(parts, filesystem=filesystem, ray_remote_args={"num_cpus": 0})  # see run_on_ray
     return pq.read_table(parts, filesystem=filesystem)
