@@ -1,3 +1,4 @@
+import contextlib
 import functools
 import json
 import os
@@ -97,6 +98,22 @@ def pytest_collection_modifyitems(config, items):
              if "ray_head" in getattr(item, "fixturenames", ()) and not _on_the_head(item.nodeid)]
     if stray:
         raise pytest.UsageError(f"tests on the real head outside RAY_HEAD_MODULES (tests/conftest.py): {stray}")
+
+
+@contextlib.contextmanager
+def local_ray(num_cpus: int = 2):
+    """The Ray this process has, else a local one of ``num_cpus`` started here and shut down after
+    (only if started here: an in-process test must not stop a cluster another test relies on)."""
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from conftest import local_ray
 
 
 class _Slow:
@@ -46,17 +47,12 @@ def _builds(where: Path) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    import ray
+def ray_here():
     from ray import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray's workers cannot import tests/
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
+    with local_ray():
+        yield
 
 
 @pytest.fixture
@@ -119,7 +115,7 @@ def test_a_kept_step_is_let_go_when_idle_and_never_while_its_batch_runs(tmp_path
 
 
 @pytest.mark.slow
-def test_a_step_on_reused_workers_is_built_once_per_process_across_stages(tmp_path, local_ray):
+def test_a_step_on_reused_workers_is_built_once_per_process_across_stages(tmp_path, ray_here):
     """Two runs of one sampler-like step (a collection and its pass over failed rows) on reused
     task workers: each process builds it once, whatever batches and runs it takes (an actor pool
     would build it in fresh processes for each run)."""
@@ -137,7 +133,7 @@ def test_a_step_on_reused_workers_is_built_once_per_process_across_stages(tmp_pa
 
 
 @pytest.mark.slow
-def test_a_batch_slower_than_ray_datas_no_progress_window_is_waited_for(tmp_path, monkeypatch, local_ray):
+def test_a_batch_slower_than_ray_datas_no_progress_window_is_waited_for(tmp_path, monkeypatch, ray_here):
     from ray.data import DataContext
     from ray.data.exceptions import ExecutionTimeoutError
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from cgmia_data import synthetic_collection
+from conftest import local_ray
 from leakray.detect.baselines import detectleak_scores
 from leakray.detect.cgmia import CGMIAConfig, arrays_from_table, fit_thresholded
 from leakray.errors import BadInput
@@ -122,22 +123,14 @@ def test_evaluate_refuses_overlap_unlabelled_and_bad_rule():
 def test_evaluate_detectors_on_ray_train(tmp_path):
     # The real Ray Train path (no mocks): one TorchTrainer run trains both seeds and
     # cross-fits their thresholds; it must reproduce the in-process evaluation exactly.
-    import ray
-
     shadow = synthetic_collection(n=80, seed=1)
     target = synthetic_collection(n=60, seed=2, prefix="u")
     cfg = CGMIAConfig(epochs=3, expert_proj_dim=64, hidden=(32,), lr=1e-3, batch_size=32)
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    try:
+    with local_ray(num_cpus=1):
         on_ray = evaluate_detectors(shadow, target, cfg, seeds=[5, 6], use_ray_train=True,
                                     storage_path=tmp_path / "ray", detectors=[CGMIA], bootstrap=100)
         with pytest.raises(BadInput):
             train_cgmia_seeds_on_ray(shadow, cfg, seeds=[5], num_workers=2)
-    finally:
-        if started:
-            ray.shutdown()
     local = evaluate_detectors(shadow, target, cfg, seeds=[5, 6], detectors=[CGMIA], bootstrap=100)
     assert len(list((tmp_path / "ray").iterdir())) == 1  # the one run directory
     np.testing.assert_allclose(on_ray["scores"].column(S.SCORE).to_numpy(),

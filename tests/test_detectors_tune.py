@@ -11,6 +11,7 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from cgmia_data import rich_collection
+from conftest import local_ray
 from leakray.detect import expert_ml
 from leakray.detect.cgmia import CGMIAConfig
 from leakray.schema import C, collection_schema
@@ -21,14 +22,8 @@ pytestmark = pytest.mark.slow  # a local Ray and one Tune run per test
 
 @pytest.fixture(scope="module")
 def ray_local():
-    import ray
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
+    with local_ray():
+        yield
 
 
 def test_tune_grid_searches_and_picks_the_best_on_shadow_validation(ray_local, tmp_path):

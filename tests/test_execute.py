@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import local_ray
 
 from leakray.cli import main
 from leakray.schema import X
@@ -87,17 +88,11 @@ def test_execute_dataset_on_ray():
 
     from leakray.executor.sandbox import execute_dataset
 
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
+    with local_ray():
         rows = [dict(GOOD, id=f"g{i}") for i in range(5)] + [dict(BAD, id=f"b{i}") for i in range(3)]
         rows = [dict(r, runner="python", timeout_s=5.0) for r in rows]
         ds = ray.data.from_items(rows)
         got = {r[X.ID]: r for r in execute_dataset(ds, config={"timeout_s": 5}, actors=1, threads=2).take_all()}
-    finally:
-        if started:
-            ray.shutdown()
     assert set(got) == {r["id"] for r in rows}
     assert all(bool(got[f"g{i}"][X.PASSED]) for i in range(5))
     assert not any(bool(got[f"b{i}"][X.PASSED]) for i in range(3))
