@@ -116,6 +116,23 @@ def local_ray(num_cpus: int = 2):
             ray.shutdown()
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _ray_started_here_stops_here():
+    """A local Ray that a module's tests started in this process (leakray's engine starts one and
+    keeps it, `executor.runtime.ensure_ray`) is shut down when the module ends, not left to idle
+    until the xdist worker exits: an idle local cluster with Ray Data's helper actors costs about
+    8 CPU s a minute (raylet, agents, the stats and autoscaling actors, an idle worker), and the
+    suite's workers kept theirs for most of the run while the machine was busy with the rest."""
+    ray = sys.modules.get("ray")
+    before = ray is not None and ray.is_initialized()
+    yield
+    ray = sys.modules.get("ray")
+    if not before and ray is not None and ray.is_initialized():
+        from leakray.executor.runtime import shutdown_ray
+
+        shutdown_ray()
+
+
 @pytest.fixture(scope="session")
 def tiny_lm(tmp_path_factory):
     """A seconds-sized GPT-2 + BPE tokenizer built by the same code as the demo's base model."""
@@ -173,14 +190,41 @@ def ray_head():
                               f"--runtime-env-agent-port={rt_env}", "--disable-usage-stats", f"--temp-dir={temp}"],
                              env=env, capture_output=True, text=True)
     assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
-    try:
-        yield ray, f"http://127.0.0.1:{dash}", f"127.0.0.1:{port}", env
-    finally:
+
+    def stop() -> None:
+        if not os.path.isdir(temp):
+            return
         for sig in (signal.SIGTERM, signal.SIGKILL):
             subprocess.run(["pkill", f"-{sig.name[3:]}", "-f", temp], capture_output=True)
             _kill_holding(temp, sig)
             time.sleep(2)
         shutil.rmtree(temp, ignore_errors=True)
+
+    _HEAD_STOPS.append(stop)
+    try:
+        yield ray, f"http://127.0.0.1:{dash}", f"127.0.0.1:{port}", env
+    finally:
+        stop()
+
+
+# The head's teardown, callable before the session ends (`pytest_runtest_teardown`)
+_HEAD_STOPS: list = []
+_HEAD_TESTS_LEFT: dict = {}
+
+
+@pytest.hookimpl(trylast=True)  # after the test's own fixtures are torn down
+def pytest_runtest_teardown(item, nextitem):
+    """Stop the real head once this process has run the last of the session's tests on it: an idle
+    head costs about 3 CPU s a minute (its dashboard and agents), and the worker that ran its tests
+    goes on with others for minutes while the machine is busy."""
+    if not _on_the_head(item.nodeid):
+        return
+    if not _HEAD_TESTS_LEFT:
+        _HEAD_TESTS_LEFT["n"] = sum(_on_the_head(i.nodeid) for i in item.session.items)
+    _HEAD_TESTS_LEFT["n"] -= 1
+    if _HEAD_TESTS_LEFT["n"] == 0:
+        while _HEAD_STOPS:
+            _HEAD_STOPS.pop()()
 
 
 def _kill_holding(temp: str, sig: int) -> None:
