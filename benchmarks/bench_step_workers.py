@@ -36,6 +36,12 @@ def stage_use(report: dict) -> dict[str, tuple[float, float]]:
     return out
 
 
+def table(report: dict) -> str:
+    """The detectors' numbers, not their costs."""
+    return json.dumps({n: {k: v for k, v in m.items() if k != "cost"} for n, m in report["detectors"].items()},
+                      sort_keys=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=1)
@@ -67,10 +73,6 @@ def main() -> None:
     walls = {arm: sum(w for _, w in got) / len(got) for arm, got in runs.items()}
     print(f"  {'whole command':<18}{walls['actors']:>8.1f} s{'':>8}{walls['reused']:>9.1f} s{'':>8}"
           f"{walls['reused'] / walls['actors']:>11.2f}x")
-    def table(report: dict) -> str:  # the detectors' numbers, not their costs
-        return json.dumps({n: {k: v for k, v in m.items() if k != "cost"} for n, m in report["detectors"].items()},
-                          sort_keys=True)
-
     same = all(table(a) == table(b) for (a, _), (b, _) in zip(runs["actors"], runs["reused"]))
     print(f"detector tables equal in every round: {same}")
     print(f"runs kept under {root}" if args.keep else "")

@@ -207,9 +207,10 @@ def ray_head():
         stop()
 
 
-# The head's teardown, callable before the session ends (`pytest_runtest_teardown`)
+# The head's teardown, callable before the session ends, and the session's tests on the head this
+# process has not run yet (None until the first of them ends: `pytest_runtest_teardown`)
 _HEAD_STOPS: list = []
-_HEAD_TESTS_LEFT: dict = {}
+_HEAD_TESTS_LEFT: set | None = None
 
 
 @pytest.hookimpl(trylast=True)  # after the test's own fixtures are torn down
@@ -217,12 +218,13 @@ def pytest_runtest_teardown(item, nextitem):
     """Stop the real head once this process has run the last of the session's tests on it: an idle
     head costs about 3 CPU s a minute (its dashboard and agents), and the worker that ran its tests
     goes on with others for minutes while the machine is busy."""
+    global _HEAD_TESTS_LEFT
     if not _on_the_head(item.nodeid):
         return
+    if _HEAD_TESTS_LEFT is None:
+        _HEAD_TESTS_LEFT = {i.nodeid for i in item.session.items if _on_the_head(i.nodeid)}
+    _HEAD_TESTS_LEFT.discard(item.nodeid)
     if not _HEAD_TESTS_LEFT:
-        _HEAD_TESTS_LEFT["n"] = sum(_on_the_head(i.nodeid) for i in item.session.items)
-    _HEAD_TESTS_LEFT["n"] -= 1
-    if _HEAD_TESTS_LEFT["n"] == 0:
         while _HEAD_STOPS:
             _HEAD_STOPS.pop()()
 

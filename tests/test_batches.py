@@ -59,9 +59,11 @@ def ray_here():
 def no_kept():
     from leakray.executor import batches
 
-    batches._KEPT.clear(), batches._LAST_USE.clear()
+    batches._KEPT.clear()
+    batches._LAST_USE.clear()
     yield
-    batches._KEPT.clear(), batches._LAST_USE.clear()
+    batches._KEPT.clear()
+    batches._LAST_USE.clear()
 
 
 def test_a_kept_step_is_built_once_per_configuration_and_process(tmp_path, no_kept):
@@ -70,7 +72,8 @@ def test_a_kept_step_is_built_once_per_configuration_and_process(tmp_path, no_ke
 
     batch = pa.table({"id": [1]})
     a = BatchStep(_Built, {"where": str(tmp_path), "tag": "a"})
-    _Kept(a)(batch), _Kept(a)(batch)  # two stages' objects, one configuration: one build
+    for _ in range(2):  # two stages' objects, one configuration: one build
+        _Kept(a)(batch)
     assert len(_builds(tmp_path)) == 1
     _Kept(BatchStep(_Built, {"where": str(tmp_path), "tag": "b"}))(batch)  # another: built, and replaces it
     assert len(_builds(tmp_path)) == 2

@@ -122,7 +122,8 @@ def drop_idle(now: float) -> list[str]:
     with _KEPT_LOCK:
         idle = [n for n, t in _LAST_USE.items() if t is not None and now - t > KEEP_IDLE_S]
         for name in idle:
-            _KEPT.pop(name, None), _LAST_USE.pop(name, None)
+            _KEPT.pop(name, None)
+            _LAST_USE.pop(name, None)
     return idle
 
 
